@@ -1,0 +1,24 @@
+# idempotency: PGXS build of the extension and its three kinds of tests.
+
+MODULE_big = idempotency
+OBJS = $(patsubst %.c,%.o,$(sort $(wildcard *.c)))
+PGFILEDESC = "idempotency - idempotency keys for HTTP APIs"
+
+EXTENSION = idempotency
+DATA = idempotency--1.0.sql
+
+PG_CPPFLAGS = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
+SHLIB_LINK = -lcrypto
+
+# Every test runs against a server that has the library preloaded.
+REGRESS = $(basename $(notdir $(sort $(wildcard sql/*.sql))))
+REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/preload.conf
+ISOLATION = $(basename $(notdir $(sort $(wildcard specs/*.spec))))
+ISOLATION_OPTS = --temp-instance=tmp_check_isolation --temp-config=test/preload.conf
+TAP_TESTS = 1
+
+EXTRA_CLEAN = tmp_check_regress tmp_check_isolation output_iso
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,34 @@
+/*-------------------------------------------------------------------------
+ * compat.h
+ *	  The differences between PostgreSQL 13 and 17 that the extension meets,
+ *	  kept in one place.
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_COMPAT_H
+#define IDEMPOTENCY_COMPAT_H
+
+#include "miscadmin.h"
+#include "storage/condition_variable.h"
+#include "storage/latch.h"
+#include "utils/guc.h"
+
+/* PG 15 renamed EmitWarningsOnPlaceholders and made it reserve the prefix. */
+#if PG_VERSION_NUM < 150000
+#define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
+#endif
+
+/* PG 15 added shmem_request_hook; before it, space is requested in _PG_init. */
+#if PG_VERSION_NUM >= 150000
+#define IDEM_HAVE_SHMEM_REQUEST_HOOK 1
+#endif
+
+/* PG 14 added timed sleeps on condition variables. */
+#if PG_VERSION_NUM < 140000
+#define ConditionVariableTimedSleep(cv, timeout, wait_event_info) \
+	(ConditionVariableCancelSleep(), \
+	 WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, \
+			   (timeout), (wait_event_info)), \
+	 ResetLatch(MyLatch), CHECK_FOR_INTERRUPTS(), true)
+#endif
+
+#endif							/* IDEMPOTENCY_COMPAT_H */

@@ -1,0 +1,186 @@
+/* idempotency--1.0.sql */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+CREATE TYPE idempotency.state AS ENUM ('in_progress', 'completed');
+
+-- Fences come from here: never reused, also not after release or reaping.
+CREATE SEQUENCE idempotency.fence_seq AS bigint;
+
+-- Fixed-width columns first, so that the row has no alignment padding.
+-- fillfactor leaves room on the page for the response, so that complete()
+-- is a HOT update: it changes no indexed column.
+CREATE TABLE idempotency.keys (
+	fence            bigint NOT NULL,
+	created_at       timestamptz NOT NULL,
+	expires_at       timestamptz NOT NULL,
+	lease_expires_at timestamptz,
+	completed_at     timestamptz,
+	lease            interval NOT NULL,
+	attempt          integer NOT NULL,
+	status_code      integer,
+	state            idempotency.state NOT NULL,
+	scope            text NOT NULL COLLATE "C",
+	key              text NOT NULL COLLATE "C",
+	fingerprint      bytea NOT NULL,
+	recovery_point   text,
+	recovery_state   jsonb,
+	headers          jsonb,
+	body             bytea,
+	PRIMARY KEY (scope, key)
+) WITH (fillfactor = 75);
+
+CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
+
+REVOKE ALL ON idempotency.keys FROM PUBLIC;
+REVOKE ALL ON idempotency.fence_seq FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.fence_seq', '');
+
+CREATE FUNCTION idempotency.claim(
+	key text,
+	fingerprint bytea,
+	scope text DEFAULT NULL,
+	lease interval DEFAULT NULL,
+	retention interval DEFAULT NULL,
+	wait interval DEFAULT NULL,
+	OUT outcome text,
+	OUT fence bigint,
+	OUT attempt integer,
+	OUT status_code integer,
+	OUT headers jsonb,
+	OUT body bytea,
+	OUT recovery_point text,
+	OUT recovery_state jsonb,
+	OUT retry_after integer,
+	OUT created_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idempotency_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.complete(
+	key text,
+	fence bigint,
+	status_code integer,
+	body bytea DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idempotency_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.release(
+	key text,
+	fence bigint,
+	scope text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idempotency_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.extend(
+	key text,
+	fence bigint,
+	lease interval DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idempotency_extend'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.checkpoint(
+	key text,
+	fence bigint,
+	recovery_point text,
+	recovery_state jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idempotency_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency.lookup(
+	key text,
+	scope text DEFAULT NULL,
+	OUT scope text,
+	OUT key text,
+	OUT fingerprint bytea,
+	OUT state text,
+	OUT attempt integer,
+	OUT lease interval,
+	OUT lease_expires_at timestamptz,
+	OUT recovery_point text,
+	OUT recovery_state jsonb,
+	OUT status_code integer,
+	OUT headers jsonb,
+	OUT body bytea,
+	OUT created_at timestamptz,
+	OUT completed_at timestamptz,
+	OUT expires_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idempotency_lookup'
+LANGUAGE C STABLE PARALLEL SAFE ROWS 1;
+
+CREATE FUNCTION idempotency.fingerprint(
+	method text,
+	path text,
+	body bytea DEFAULT NULL,
+	query text DEFAULT NULL)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idempotency_fingerprint'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.fingerprint_json(
+	method text,
+	path text,
+	body jsonb,
+	query text DEFAULT NULL)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idempotency_fingerprint_json'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idempotency_reap'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idempotency._stats_counters(
+	OUT claims_new bigint,
+	OUT claims_replay bigint,
+	OUT claims_in_progress bigint,
+	OUT claims_mismatch bigint,
+	OUT takeovers bigint,
+	OUT waits bigint,
+	OUT completes_stored bigint,
+	OUT completes_released bigint,
+	OUT releases bigint,
+	OUT fence_rejections bigint,
+	OUT reaped bigint,
+	OUT reaper_runs bigint,
+	OUT last_reap_at timestamptz,
+	OUT stats_reset_at timestamptz,
+	OUT last_reap_error text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idempotency_stats_counters'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.stats_reset()
+RETURNS void
+AS 'MODULE_PATHNAME', 'idempotency_stats_reset'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+-- Counters from shared memory, live figures from the table (one scan).
+CREATE VIEW idempotency.stats AS
+SELECT c.*, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at
+FROM idempotency._stats_counters() c,
+	LATERAL (SELECT count(*) AS rows_total,
+					count(*) FILTER (WHERE k.state = 'in_progress') AS rows_in_progress,
+					min(k.lease_expires_at) FILTER (WHERE k.state = 'in_progress')
+						AS oldest_lease_expires_at
+			 FROM idempotency.keys k) l;
+
+-- Statistics are for whoever monitors the server; resetting them for superusers.
+REVOKE ALL ON idempotency.stats FROM PUBLIC;
+GRANT SELECT ON idempotency.stats TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency._stats_counters() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;

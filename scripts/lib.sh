@@ -1,0 +1,43 @@
+# Shared by scripts/test, scripts/demo and bench/run: packages, build, users.
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PGBIN=/usr/lib/postgresql/15/bin
+
+# Runs a command as root (directly, or through sudo for a normal user).
+as_root() {
+	if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Runs a command as the postgres OS user (initdb refuses root).
+as_postgres() {
+	if [ "$(id -un)" = postgres ]; then "$@"
+	elif [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"
+	else sudo -u postgres "$@"; fi
+}
+
+# Installs the Debian packages that building and testing need, when missing.
+install_packages() {
+	local want=(postgresql-15 postgresql-server-dev-15 postgresql-contrib
+		libssl-dev libipc-run-perl build-essential pgbouncer libfaketime
+		curl ca-certificates python3-flask python3-psycopg nodejs npm ${EXTRA_PACKAGES:-})
+	local missing=()
+	for p in "${want[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+	done
+	# nodejs may come from elsewhere than Debian (then npm comes with it).
+	if command -v node >/dev/null && command -v npm >/dev/null; then
+		local keep=()
+		for p in "${missing[@]}"; do [[ $p == nodejs || $p == npm ]] || keep+=("$p"); done
+		missing=("${keep[@]}")
+	fi
+	if [ ${#missing[@]} -gt 0 ]; then
+		echo "installing: ${missing[*]}"
+		as_root apt-get update -qq
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	fi
+}
+
+# Builds the extension and installs it into the server's directories.
+build_and_install() {
+	make -s PG_CONFIG="$PG_CONFIG"
+	as_root make -s install PG_CONFIG="$PG_CONFIG"
+}
