@@ -638,9 +638,10 @@ fence_lost(text *key, int64 fence)
 	stats_add(IDEM_FENCE_REJECTIONS, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_FENCE_LOST),
-			 errmsg("fence %lld no longer owns idempotency key \"%s\"",
-					(long long) fence, text_to_cstring(key)),
-			 errdetail("The claim was taken over, released, completed or expired."),
+			 errmsg("this fence no longer owns idempotency key \"%s\"",
+					text_to_cstring(key)),
+			 errdetail("Fence %lld was taken over, released, completed or expired.",
+					   (long long) fence),
 			 errhint("Do not send this response: another attempt owns the request.")));
 }
 
@@ -706,6 +707,7 @@ claim_once(const ClaimArgs *a, ApiCall *call, TimestampTz now, ClaimResult *r)
 		TimestampTz expires_at;
 
 		memset(r->nulls, true, sizeof(r->nulls));
+		r->takeover = false;
 
 		if (run_plan(PLAN_SELECT, key_args, NULL, false) == 0)
 		{
