@@ -15,7 +15,7 @@ REGRESS = $(basename $(notdir $(sort $(wildcard sql/*.sql))))
 REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/preload.conf
 ISOLATION = $(basename $(notdir $(sort $(wildcard specs/*.spec))))
 ISOLATION_OPTS = --temp-instance=tmp_check_isolation --temp-config=test/preload.conf
-TAP_TESTS = $(if $(wildcard t/*.pl),1,)
+TAP_TESTS := $(if $(wildcard t/*.pl),1,)
 
 EXTRA_CLEAN = tmp_check_regress tmp_check_isolation output_iso
 
