@@ -806,6 +806,24 @@ count_claim(const ClaimResult *r, bool waited)
 		stats_add(IDEM_WAITS, 1);
 }
 
+/* Returns claim's blessed result descriptor, built once per call site. */
+static TupleDesc
+claim_result_desc(FunctionCallInfo fcinfo)
+{
+	TupleDesc	tupdesc;
+	MemoryContext old;
+
+	if (fcinfo->flinfo->fn_extra)
+		return (TupleDesc) fcinfo->flinfo->fn_extra;
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+	tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
+	MemoryContextSwitchTo(old);
+	fcinfo->flinfo->fn_extra = tupdesc;
+	return tupdesc;
+}
+
 /*
  * claim(key, fingerprint, scope, lease, retention, wait): decides whether to
  * run a request; with wait, an in_progress answer first waits (on a condition
@@ -841,8 +859,7 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	wait = get_interval(fcinfo, 5, "wait", 0, true);
 	a.keyhash = key_hash(a.scope, a.key);
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
+	tupdesc = claim_result_desc(fcinfo);
 	PreventCommandIfReadOnly("idempotency.claim()");
 
 	now = GetCurrentTimestamp();
@@ -881,7 +898,6 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	r.nulls[OUT_OUTCOME] = false;
 	count_claim(&r, waited);
 
-	tupdesc = BlessTupleDesc(tupdesc);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, r.values, r.nulls)));
 }
 
