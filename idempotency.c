@@ -34,6 +34,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
+#include "portability/instr_time.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "tcop/utility.h"
@@ -170,13 +171,15 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		3, {TEXTOID, TEXTOID, INT8OID}
 	},
 	[PLAN_EXTEND] = {
-		"UPDATE idempotency.keys SET lease_expires_at = $5" PLUS "COALESCE($4, lease)"
+		"UPDATE idempotency.keys SET lease_expires_at ="
+		" GREATEST(lease_expires_at, $5" PLUS "COALESCE($4, lease))"
 		" WHERE " OWNED_BY_FENCE " RETURNING lease_expires_at",
 		5, {TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID}
 	},
 	[PLAN_CHECKPOINT] = {
 		"UPDATE idempotency.keys SET recovery_point = $4, recovery_state = $5,"
-		" lease_expires_at = $6" PLUS "lease WHERE " OWNED_BY_FENCE,
+		" lease_expires_at = GREATEST(lease_expires_at, $6" PLUS "lease)"
+		" WHERE " OWNED_BY_FENCE,
 		6, {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID}
 	},
 	[PLAN_LOOKUP] = {
@@ -633,15 +636,14 @@ result_timestamp(int n)
 
 /* Raises IK001: the fence no longer owns the claim. */
 static void
-fence_lost(text *key, int64 fence)
+fence_lost(text *key)
 {
 	stats_add(IDEM_FENCE_REJECTIONS, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_FENCE_LOST),
 			 errmsg("this fence no longer owns idempotency key \"%s\"",
 					text_to_cstring(key)),
-			 errdetail("Fence %lld was taken over, released, completed or expired.",
-					   (long long) fence),
+			 errdetail("The claim was taken over, released, completed or expired."),
 			 errhint("Do not send this response: another attempt owns the request.")));
 }
 
@@ -839,7 +841,9 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	Interval   *wait;
 	TupleDesc	tupdesc;
 	TimestampTz now;
-	TimestampTz deadline;
+	double		wait_ms;
+	instr_time	wait_start;
+	instr_time	elapsed;
 	bool		prepared = false;
 	bool		waited = false;
 
@@ -863,15 +867,21 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idempotency.claim()");
 
 	now = GetCurrentTimestamp();
-	deadline = now + (TimestampTz) Min(interval_usecs(wait), (double) PG_INT64_MAX / 2);
+	/* The wait is measured on the monotonic clock, immune to clock steps. */
+	wait_ms = interval_usecs(wait) / 1000.0;
+	INSTR_TIME_SET_CURRENT(wait_start);
 
 	api_begin(&call);
 	for (;;)
 	{
-		long		sleep_ms;
+		double		left_ms;
+		double		lease_ms;
 
 		claim_once(&a, &call, now, &r);
-		if (r.outcome != CLAIM_IN_PROGRESS || now >= deadline)
+		INSTR_TIME_SET_CURRENT(elapsed);
+		INSTR_TIME_SUBTRACT(elapsed, wait_start);
+		left_ms = wait_ms - INSTR_TIME_GET_MILLISEC(elapsed);
+		if (r.outcome != CLAIM_IN_PROGRESS || left_ms <= 0)
 			break;
 		if (!prepared)
 		{
@@ -880,8 +890,8 @@ idempotency_claim(PG_FUNCTION_ARGS)
 			prepared = true;
 			continue;
 		}
-		sleep_ms = (Min(deadline, r.lease_expires_at) - now) / 1000 + 1;
-		(void) wait_sleep(a.keyhash, Min(sleep_ms, WAIT_MAX_SLEEP_MS));
+		lease_ms = (r.lease_expires_at - now) / 1000.0 + 1;
+		(void) wait_sleep(a.keyhash, (long) Max(1, Min(Min(left_ms, lease_ms), WAIT_MAX_SLEEP_MS)));
 		waited = true;
 		now = GetCurrentTimestamp();
 	}
@@ -1060,7 +1070,7 @@ idempotency_complete(PG_FUNCTION_ARGS)
 	api_end(&call);
 
 	if (done == 0)
-		fence_lost(key, fence);
+		fence_lost(key);
 	wait_wake_at_commit(key_hash(scope, key));
 	stats_add(release ? IDEM_COMPLETES_RELEASED : IDEM_COMPLETES_STORED, 1);
 	PG_RETURN_TEXT_P(cstring_to_text(release ? "released" : "stored"));
@@ -1092,7 +1102,10 @@ idempotency_release(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(released);
 }
 
-/* extend(key, fence, lease, scope): renews the lease; returns its new end. */
+/*
+ * extend(key, fence, lease, scope): renews the lease; returns its new end.
+ * A lease never ends earlier than it did, also after the clock stepped back.
+ */
 Datum
 idempotency_extend(PG_FUNCTION_ARGS)
 {
@@ -1115,7 +1128,7 @@ idempotency_extend(PG_FUNCTION_ARGS)
 	api_end(&call);
 
 	if (!owned)
-		fence_lost(key, fence);
+		fence_lost(key);
 	PG_RETURN_TIMESTAMPTZ(ends);
 }
 
@@ -1148,7 +1161,7 @@ idempotency_checkpoint(PG_FUNCTION_ARGS)
 	api_end(&call);
 
 	if (!owned)
-		fence_lost(key, fence);
+		fence_lost(key);
 	PG_RETURN_VOID();
 }
 

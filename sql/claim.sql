@@ -100,11 +100,20 @@ SELECT fence AS f9 FROM idempotency.claim('ext-1', '\x0a', lease => '2s') \gset
 SELECT idempotency.extend('ext-1', :f9) BETWEEN now() + '1s' AND clock_timestamp() + '2s' AS own_lease;
 SELECT idempotency.extend('ext-1', :f9, '1 hour') > clock_timestamp() + '59 minutes' AS given_lease;
 SELECT lease FROM idempotency.keys WHERE key = 'ext-1';
--- checkpoint also renews the lease by the claim's own length
+-- neither extend nor checkpoint ever shortens a lease
+SELECT idempotency.extend('ext-1', :f9, '1 second') > clock_timestamp() + '59 minutes' AS not_shortened;
 SELECT idempotency.checkpoint('ext-1', :f9, 'step-2');
-SELECT lease_expires_at < clock_timestamp() + '3s' AS renewed_by_own_lease,
+SELECT lease_expires_at > clock_timestamp() + '59 minutes' AS not_shortened,
        recovery_point, recovery_state
 FROM idempotency.keys WHERE key = 'ext-1';
+-- checkpoint renews the lease by the claim's own length
+SELECT fence AS f11 FROM idempotency.claim('ext-2', '\x0c', lease => '2s') \gset
+SELECT lease_expires_at AS l0 FROM idempotency.keys WHERE key = 'ext-2' \gset
+SELECT pg_sleep(0.1);
+SELECT idempotency.checkpoint('ext-2', :f11, 'step-1', '{"n": 1}');
+SELECT lease_expires_at > :'l0' AS renewed, lease_expires_at <= clock_timestamp() + '2s' AS by_own_lease,
+       recovery_point, recovery_state
+FROM idempotency.keys WHERE key = 'ext-2';
 
 -- lookup shows the record as claim sees it, without the fence
 SELECT key, state, attempt, status_code, body FROM idempotency.lookup('job-1');
@@ -142,4 +151,4 @@ SELECT outcome, attempt FROM idempotency.claim('wait-1', '\x0b', wait => '10s');
 
 -- the fences handed out were all different and increasing
 SELECT :f1 < :f2 AND :f2 < :f3 AND :f3 < :f4 AND :f4 < :f6 AND :f6 < :f7 AND :f7 < :f8
-       AND :f8 < :f9 AND :f9 < :f10 AS fences_increase;
+       AND :f8 < :f9 AND :f9 < :f11 AND :f11 < :f10 AS fences_increase;
