@@ -867,8 +867,12 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idempotency.claim()");
 
 	now = GetCurrentTimestamp();
-	/* The wait is measured on the monotonic clock, immune to clock steps. */
-	wait_ms = interval_usecs(wait) / 1000.0;
+	/*
+	 * The wait is measured on the monotonic clock, immune to clock steps.
+	 * Under REPEATABLE READ or SERIALIZABLE the snapshot would hide the
+	 * owner's complete or release, so such a claim answers at once.
+	 */
+	wait_ms = IsolationUsesXactSnapshot() ? 0 : interval_usecs(wait) / 1000.0;
 	INSTR_TIME_SET_CURRENT(wait_start);
 
 	api_begin(&call);

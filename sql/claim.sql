@@ -145,6 +145,12 @@ ROLLBACK;
 -- wait: an in_progress answer waits up to that long, then answers in_progress
 SELECT outcome, retry_after >= 1 AS retry_after_ok
 FROM idempotency.claim('ext-1', '\x0a', wait => '20 milliseconds');
+-- under REPEATABLE READ the snapshot cannot see the owner finish: no waiting
+-- (the statement_timeout would cancel a claim that waited)
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SET LOCAL statement_timeout = '1s';
+SELECT outcome FROM idempotency.claim('ext-1', '\x0a', wait => '10s');
+COMMIT;
 -- wait until the lease ends: then it is a takeover
 SELECT fence AS f10 FROM idempotency.claim('wait-1', '\x0b', lease => '100 milliseconds') \gset
 SELECT outcome, attempt FROM idempotency.claim('wait-1', '\x0b', wait => '10s');
