@@ -25,7 +25,9 @@
 
 #include "access/detoast.h"
 #include "access/htup_details.h"
+#include "access/relation.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -36,6 +38,7 @@
 #include "mb/pg_wchar.h"
 #include "portability/instr_time.h"
 #include "miscadmin.h"
+#include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
@@ -201,6 +204,7 @@ static SPIPlanPtr plans[NUM_PLANS];
 
 /* The owner of idempotency.keys, as whom every plan runs; cached per backend. */
 static Oid	keys_relid = InvalidOid;
+static Oid	fence_seq_relid = InvalidOid;
 static Oid	keys_owner = InvalidOid;
 
 /* What a call saved to be restored when it leaves SPI. */
@@ -515,7 +519,7 @@ key_hash(text *scope, text *key)
 static void
 keys_owner_invalidate(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == keys_relid)
+	if (relid == InvalidOid || relid == keys_relid || relid == fence_seq_relid)
 		keys_owner = InvalidOid;
 }
 
@@ -530,7 +534,8 @@ get_keys_owner(void)
 		return keys_owner;
 
 	keys_relid = get_relname_relid("keys", get_namespace_oid("idempotency", false));
-	if (!OidIsValid(keys_relid))
+	fence_seq_relid = get_relname_relid("fence_seq", get_namespace_oid("idempotency", false));
+	if (!OidIsValid(keys_relid) || !OidIsValid(fence_seq_relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation \"idempotency.keys\" does not exist"),
@@ -651,6 +656,31 @@ fence_lost(text *key)
  * claim
  * ---------------------------------------------------------------------------
  */
+
+/*
+ * Makes the fence just handed out durable before anyone sees it.
+ *
+ * A sequence is WAL-logged once per 32 values, and that record is flushed
+ * only by some later commit.  Should the server crash before then, the
+ * sequence would restart below a fence already given to a client whose claim
+ * never committed, and hand that fence out again: the old client's complete
+ * would then succeed on the new owner's claim.  Flushing up to the sequence
+ * page's LSN costs nothing when that record is already on disk (31 claims in
+ * 32), and one WAL flush otherwise.
+ */
+static void
+flush_fence_sequence(void)
+{
+	Relation	seqrel = relation_open(fence_seq_relid, AccessShareLock);
+	Buffer		buf = ReadBuffer(seqrel, 0);
+	XLogRecPtr	lsn;
+
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	lsn = PageGetLSN(BufferGetPage(buf));
+	UnlockReleaseBuffer(buf);
+	relation_close(seqrel, AccessShareLock);
+	XLogFlush(lsn);
+}
 
 /* Fills the result of a successful claim from the columns the write returned. */
 static void
@@ -902,6 +932,8 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	if (prepared)
 		wait_cancel();
 	api_end(&call);
+	if (r.outcome == CLAIM_NEW)
+		flush_fence_sequence();
 
 	if (r.outcome == CLAIM_IN_PROGRESS)
 	{
