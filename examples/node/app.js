@@ -1,0 +1,62 @@
+'use strict';
+// The retried-payment API: POST /payments charges once per Idempotency-Key.
+//
+// Environment: DATABASE_URL (a database with CREATE EXTENSION idempotency
+// done), PORT (default 3000), HOST (default 127.0.0.1); for the tests,
+// IDEMPOTENCY_LEASE (default 60 seconds) and IDEMPOTENCY_FAIL_OPEN=on.
+
+const express = require('express');
+const { Pool } = require('pg');
+const idempotency = require('./middleware');
+
+const pool = new Pool({
+  connectionString: process.env.DATABASE_URL,
+  connectionTimeoutMillis: 5000, // an unreachable database answers 503, not a hang
+});
+// An idle connection that the server closed must not crash the process.
+pool.on('error', (err) => console.error('idle connection lost:', err.message));
+
+const app = express();
+app.disable('x-powered-by');
+
+// Health: answers without touching the database.
+app.get('/', (req, res) => res.json({ status: 'ok' }));
+
+// After authentication (none here), before the routes it guards.
+app.use(idempotency(pool, {
+  lease: process.env.IDEMPOTENCY_LEASE ?? '60 seconds',
+  failOpen: process.env.IDEMPOTENCY_FAIL_OPEN === 'on',
+}));
+
+// Charges the amount. Test knobs: delay_ms sleeps first, fail answers 500
+// after the charge was written (the middleware rolls it back).
+app.post('/payments', async (req, res) => {
+  const { amount, delay_ms: delayMs = 0, fail = false } = req.body ?? {};
+  if (typeof amount !== 'number' || !(amount > 0))
+    return res.status(400).json({ error: 'amount must be a positive number' });
+  if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+  const { rows } = await req.db.query(
+    'INSERT INTO charges (amount) VALUES ($1) RETURNING id', [amount]);
+  const charge = Number(rows[0].id);
+  if (fail) return res.status(500).json({ error: `charge ${charge} was declined` });
+  res.status(201).json({ charge });
+});
+
+// Creates the business table when missing, then listens.
+async function main() {
+  await pool.query(`CREATE TABLE IF NOT EXISTS charges (
+      id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+      amount numeric NOT NULL,
+      created_at timestamptz NOT NULL DEFAULT now())`);
+  const port = Number(process.env.PORT ?? 3000);
+  const host = process.env.HOST ?? '127.0.0.1';
+  const server = app.listen(port, host, () => console.log(`listening on http://${host}:${port}`));
+  const stop = () => server.close(() => pool.end());
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+}
+
+main().catch((err) => {
+  console.error(err.message);
+  process.exit(1);
+});
