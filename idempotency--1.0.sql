@@ -9,8 +9,9 @@ CREATE TYPE idempotency.state AS ENUM ('in_progress', 'completed');
 CREATE SEQUENCE idempotency.fence_seq AS bigint;
 
 -- Fixed-width columns first, so that the row has no alignment padding.
--- fillfactor leaves room on the page for the response, so that complete()
--- is a HOT update: it changes no indexed column.
+-- complete() changes no indexed column, so it is a HOT update whenever the
+-- page has room: it usually has, as complete follows its claim closely
+-- (95% HOT measured at the default fillfactor; 100% at 75 cost 25% more heap).
 CREATE TABLE idempotency.keys (
 	fence            bigint NOT NULL,
 	created_at       timestamptz NOT NULL,
@@ -29,7 +30,7 @@ CREATE TABLE idempotency.keys (
 	headers          jsonb,
 	body             bytea,
 	PRIMARY KEY (scope, key)
-) WITH (fillfactor = 75);
+);
 
 CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
 

@@ -25,11 +25,18 @@
 
 #include "access/detoast.h"
 #include "access/htup_details.h"
+#include "access/genam.h"
 #include "access/relation.h"
+#include "access/skey.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_enum.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
@@ -41,7 +48,12 @@
 #include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "tcop/utility.h"
+#include "executor/tuptable.h"
+#include "parser/parse_relation.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
@@ -103,7 +115,6 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 typedef enum PlanId
 {
-	PLAN_SELECT,
 	PLAN_INSERT,
 	PLAN_TAKEOVER,
 	PLAN_RESET,
@@ -123,21 +134,7 @@ typedef struct PlanDef
 	Oid			argtypes[7];
 } PlanDef;
 
-/* Columns of PLAN_SELECT */
-enum
-{
-	SEL_FENCE = 1, SEL_COMPLETED, SEL_FINGERPRINT, SEL_ATTEMPT,
-	SEL_LEASE_EXPIRES_AT, SEL_EXPIRES_AT, SEL_STATUS_CODE, SEL_HEADERS,
-	SEL_BODY, SEL_RECOVERY_POINT, SEL_RECOVERY_STATE, SEL_CREATED_AT
-};
-
 static const PlanDef plan_defs[NUM_PLANS] = {
-	[PLAN_SELECT] = {
-		"SELECT fence, state" EQ COMPLETED ", fingerprint, attempt, lease_expires_at,"
-		" expires_at, status_code, headers, body, recovery_point, recovery_state,"
-		" created_at FROM idempotency.keys WHERE " KEY_IS,
-		2, {TEXTOID, TEXTOID}
-	},
 	[PLAN_INSERT] = {
 		"INSERT INTO idempotency.keys (scope, key, fingerprint, state, fence, attempt,"
 		" lease, lease_expires_at, created_at, expires_at)"
@@ -202,10 +199,31 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 
 static SPIPlanPtr plans[NUM_PLANS];
 
-/* The owner of idempotency.keys, as whom every plan runs; cached per backend. */
-static Oid	keys_relid = InvalidOid;
-static Oid	fence_seq_relid = InvalidOid;
-static Oid	keys_owner = InvalidOid;
+/*
+ * What the calls need to know of the extension's objects, looked up once per
+ * backend and forgotten when the table's relcache entry is invalidated (DROP
+ * and CREATE EXTENSION): the table's owner, as whom every plan runs, and the
+ * table's columns that claim reads directly.
+ */
+typedef struct KeysCatalog
+{
+	Oid			keys_relid;
+	Oid			fence_seq_relid;
+	Oid			owner;
+	Oid			completed_label;	/* the enum value 'completed' */
+	AttrNumber	fence;
+	AttrNumber	state;
+	AttrNumber	fingerprint;
+	AttrNumber	lease_expires_at;
+	AttrNumber	expires_at;
+	AttrNumber	created_at;
+	AttrNumber	status_code;
+	AttrNumber	headers;
+	AttrNumber	body;
+} KeysCatalog;
+
+static KeysCatalog keys_catalog;
+static bool keys_catalog_valid = false;
 
 /* What a call saved to be restored when it leaves SPI. */
 typedef struct ApiCall
@@ -515,43 +533,72 @@ key_hash(text *scope, text *key)
  * ---------------------------------------------------------------------------
  */
 
-/* Forgets the cached owner when the table's relcache entry is invalidated. */
+/* Forgets the cached catalog facts when the table's relcache entry goes. */
 static void
-keys_owner_invalidate(Datum arg, Oid relid)
+keys_catalog_invalidate(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == keys_relid || relid == fence_seq_relid)
-		keys_owner = InvalidOid;
+	if (relid == InvalidOid || relid == keys_catalog.keys_relid ||
+		relid == keys_catalog.fence_seq_relid)
+		keys_catalog_valid = false;
 }
 
-/* Returns the owner of idempotency.keys, looked up once per backend. */
-static Oid
-get_keys_owner(void)
+/* Returns the number of a column of idempotency.keys. */
+static AttrNumber
+keys_column(Relation rel, const char *name)
+{
+	AttrNumber	attnum = attnameAttNum(rel, name, false);
+
+	if (attnum == InvalidAttrNumber)
+		elog(ERROR, "column \"%s\" of idempotency.keys does not exist", name);
+	return attnum;
+}
+
+/* Returns the catalog facts about the extension's objects, cached per backend. */
+static const KeysCatalog *
+get_keys_catalog(void)
 {
 	static bool callback_registered = false;
-	HeapTuple	tuple;
+	KeysCatalog *c = &keys_catalog;
+	Oid			nsp;
+	Relation	rel;
 
-	if (OidIsValid(keys_owner))
-		return keys_owner;
+	if (keys_catalog_valid)
+		return c;
 
-	keys_relid = get_relname_relid("keys", get_namespace_oid("idempotency", false));
-	fence_seq_relid = get_relname_relid("fence_seq", get_namespace_oid("idempotency", false));
-	if (!OidIsValid(keys_relid) || !OidIsValid(fence_seq_relid))
+	nsp = get_namespace_oid("idempotency", false);
+	c->keys_relid = get_relname_relid("keys", nsp);
+	c->fence_seq_relid = get_relname_relid("fence_seq", nsp);
+	if (!OidIsValid(c->keys_relid) || !OidIsValid(c->fence_seq_relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation \"idempotency.keys\" does not exist"),
 				 errhint("Run CREATE EXTENSION idempotency.")));
-	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(keys_relid));
-	if (!HeapTupleIsValid(tuple))
-		elog(ERROR, "cache lookup failed for relation %u", keys_relid);
-	keys_owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
-	ReleaseSysCache(tuple);
+
+	rel = table_open(c->keys_relid, AccessShareLock);
+	c->owner = rel->rd_rel->relowner;
+	c->fence = keys_column(rel, "fence");
+	c->state = keys_column(rel, "state");
+	c->fingerprint = keys_column(rel, "fingerprint");
+	c->lease_expires_at = keys_column(rel, "lease_expires_at");
+	c->expires_at = keys_column(rel, "expires_at");
+	c->created_at = keys_column(rel, "created_at");
+	c->status_code = keys_column(rel, "status_code");
+	c->headers = keys_column(rel, "headers");
+	c->body = keys_column(rel, "body");
+	c->completed_label = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+										 ObjectIdGetDatum(TupleDescAttr(RelationGetDescr(rel), c->state - 1)->atttypid),
+										 CStringGetDatum("completed"));
+	table_close(rel, AccessShareLock);
+	if (!OidIsValid(c->completed_label))
+		elog(ERROR, "enum label \"completed\" of idempotency.state does not exist");
 
 	if (!callback_registered)
 	{
-		CacheRegisterRelcacheCallback(keys_owner_invalidate, (Datum) 0);
+		CacheRegisterRelcacheCallback(keys_catalog_invalidate, (Datum) 0);
 		callback_registered = true;
 	}
-	return keys_owner;
+	keys_catalog_valid = true;
+	return c;
 }
 
 /*
@@ -561,7 +608,7 @@ get_keys_owner(void)
 static void
 api_begin(ApiCall *call)
 {
-	Oid			owner = get_keys_owner();
+	Oid			owner = get_keys_catalog()->owner;
 
 	call->caller_cxt = CurrentMemoryContext;
 	GetUserIdAndSecContext(&call->save_userid, &call->save_sec_context);
@@ -666,12 +713,14 @@ fence_lost(text *key)
  * never committed, and hand that fence out again: the old client's complete
  * would then succeed on the new owner's claim.  Flushing up to the sequence
  * page's LSN costs nothing when that record is already on disk (31 claims in
- * 32), and one WAL flush otherwise.
+ * 32), and one WAL flush otherwise.  With synchronous_commit off the caller
+ * has chosen to lose the last commits in a crash, fences included, and
+ * pays no flush.
  */
 static void
 flush_fence_sequence(void)
 {
-	Relation	seqrel = relation_open(fence_seq_relid, AccessShareLock);
+	Relation	seqrel = relation_open(keys_catalog.fence_seq_relid, AccessShareLock);
 	Buffer		buf = ReadBuffer(seqrel, 0);
 	XLogRecPtr	lsn;
 
@@ -708,16 +757,107 @@ set_new(ClaimResult *r, ApiCall *call, bool takeover, TimestampTz now)
 	r->nulls[OUT_CREATED_AT] = false;
 }
 
-/* Tells whether the selected record's fingerprint equals the claim's. */
-static bool
-same_fingerprint(bytea *fingerprint)
+/* What claim reads of a record: the columns it decides and answers on. */
+typedef struct StoredRecord
+{
+	int64		fence;
+	bool		completed;
+	bool		same_fingerprint;
+	TimestampTz lease_expires_at;	/* DT_NOBEGIN when NULL (completed) */
+	TimestampTz expires_at;
+	TimestampTz created_at;
+} StoredRecord;
+
+/* Returns a column of the slot's tuple that may not be NULL. */
+static Datum
+slot_col(TupleTableSlot *slot, AttrNumber attnum)
 {
 	bool		isnull;
-	bytea	   *stored = DatumGetByteaPP(result_col(SEL_FINGERPRINT, &isnull));
-	int			len = VARSIZE_ANY_EXHDR(stored);
+	Datum		value = slot_getattr(slot, attnum, &isnull);
 
-	return len == VARSIZE_ANY_EXHDR(fingerprint) &&
-		memcmp(VARDATA_ANY(stored), VARDATA_ANY(fingerprint), len) == 0;
+	if (isnull)
+		elog(ERROR, "unexpected null in column %d of idempotency.keys", attnum);
+	return value;
+}
+
+/* Copies a varlena column of the slot, detoasted, for the caller; NULL stays NULL. */
+static Datum
+slot_col_copy(TupleTableSlot *slot, AttrNumber attnum, ApiCall *call, bool *isnull)
+{
+	Datum		value = slot_getattr(slot, attnum, isnull);
+	MemoryContext old;
+
+	if (*isnull)
+		return (Datum) 0;
+	old = MemoryContextSwitchTo(call->caller_cxt);
+	value = PointerGetDatum(PG_DETOAST_DATUM_COPY(value));
+	MemoryContextSwitchTo(old);
+	return value;
+}
+
+/*
+ * Reads the record of the claim's (scope, key) into rec, and for a completed
+ * one with the same fingerprint its response into r; false when there is
+ * none.  A plain index lookup through the primary key with a new snapshot,
+ * as a READ COMMITTED statement would take: this is the hottest read of the
+ * API, so it does without the executor.
+ */
+static bool
+fetch_record(const ClaimArgs *a, ApiCall *call, StoredRecord *rec, ClaimResult *r)
+{
+	const KeysCatalog *c = get_keys_catalog();
+	Relation	rel;
+	Relation	index;
+	ScanKeyData skey[2];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	Snapshot	snapshot;
+	bool		found;
+
+	/* See the writes this statement made in earlier calls. */
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	rel = table_open(c->keys_relid, AccessShareLock);
+	index = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(a->scope));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(a->key));
+	slot = table_slot_create(rel, NULL);
+	scan = index_beginscan(rel, index, snapshot, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+	{
+		bytea	   *stored = DatumGetByteaPP(slot_col(slot, c->fingerprint));
+		bool		isnull;
+		Datum		lease_end = slot_getattr(slot, c->lease_expires_at, &isnull);
+
+		rec->fence = DatumGetInt64(slot_col(slot, c->fence));
+		rec->completed = DatumGetObjectId(slot_col(slot, c->state)) == c->completed_label;
+		rec->same_fingerprint =
+			VARSIZE_ANY_EXHDR(stored) == VARSIZE_ANY_EXHDR(a->fingerprint) &&
+			memcmp(VARDATA_ANY(stored), VARDATA_ANY(a->fingerprint),
+				   VARSIZE_ANY_EXHDR(stored)) == 0;
+		rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
+		rec->expires_at = DatumGetTimestampTz(slot_col(slot, c->expires_at));
+		rec->created_at = DatumGetTimestampTz(slot_col(slot, c->created_at));
+		if (rec->completed && rec->same_fingerprint)
+		{
+			r->values[OUT_STATUS_CODE] = slot_getattr(slot, c->status_code,
+													  &r->nulls[OUT_STATUS_CODE]);
+			r->values[OUT_HEADERS] = slot_col_copy(slot, c->headers, call, &r->nulls[OUT_HEADERS]);
+			r->values[OUT_BODY] = slot_col_copy(slot, c->body, call, &r->nulls[OUT_BODY]);
+		}
+	}
+
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	table_close(rel, AccessShareLock);
+	UnregisterSnapshot(snapshot);
+	return found;
 }
 
 /*
@@ -729,24 +869,19 @@ same_fingerprint(bytea *fingerprint)
 static void
 claim_once(const ClaimArgs *a, ApiCall *call, TimestampTz now, ClaimResult *r)
 {
-	Datum		key_args[2] = {PointerGetDatum(a->scope), PointerGetDatum(a->key)};
+	Datum		values[6] = {PointerGetDatum(a->scope), PointerGetDatum(a->key),
+		PointerGetDatum(a->fingerprint), IntervalPGetDatum(a->lease),
+	IntervalPGetDatum(a->retention), TimestampTzGetDatum(now)};
 
 	for (int tries = 0; tries < CLAIM_MAX_TRIES; tries++)
 	{
-		bool		isnull;
-		bool		completed;
-		TimestampTz lease_expires_at;
-		TimestampTz expires_at;
+		StoredRecord rec;
 
 		memset(r->nulls, true, sizeof(r->nulls));
 		r->takeover = false;
 
-		if (run_plan(PLAN_SELECT, key_args, NULL, false) == 0)
+		if (!fetch_record(a, call, &rec, r))
 		{
-			Datum		values[6] = {PointerGetDatum(a->scope), PointerGetDatum(a->key),
-				PointerGetDatum(a->fingerprint), IntervalPGetDatum(a->lease),
-			IntervalPGetDatum(a->retention), TimestampTzGetDatum(now)};
-
 			if (run_plan(PLAN_INSERT, values, NULL, false) == 1)
 			{
 				set_new(r, call, false, now);
@@ -755,18 +890,11 @@ claim_once(const ClaimArgs *a, ApiCall *call, TimestampTz now, ClaimResult *r)
 			continue;			/* a concurrent claim committed first */
 		}
 
-		completed = DatumGetBool(result_col(SEL_COMPLETED, &isnull));
-		lease_expires_at = result_timestamp(SEL_LEASE_EXPIRES_AT);
-		expires_at = result_timestamp(SEL_EXPIRES_AT);
-		r->values[OUT_CREATED_AT] = result_col(SEL_CREATED_AT, &isnull);
+		r->values[OUT_CREATED_AT] = TimestampTzGetDatum(rec.created_at);
 		r->nulls[OUT_CREATED_AT] = false;
 
-		if (expires_at <= now && (completed || lease_expires_at <= now))
+		if (rec.expires_at <= now && (rec.completed || rec.lease_expires_at <= now))
 		{
-			Datum		values[6] = {PointerGetDatum(a->scope), PointerGetDatum(a->key),
-				PointerGetDatum(a->fingerprint), IntervalPGetDatum(a->lease),
-			IntervalPGetDatum(a->retention), TimestampTzGetDatum(now)};
-
 			if (run_plan(PLAN_RESET, values, NULL, false) == 1)
 			{
 				set_new(r, call, false, now);
@@ -774,32 +902,29 @@ claim_once(const ClaimArgs *a, ApiCall *call, TimestampTz now, ClaimResult *r)
 			}
 			continue;
 		}
-		if (!same_fingerprint(a->fingerprint))
+		if (!rec.same_fingerprint)
 		{
 			r->outcome = CLAIM_MISMATCH;
 			return;
 		}
-		if (completed)
+		if (rec.completed)
 		{
 			r->outcome = CLAIM_REPLAY;
-			r->values[OUT_STATUS_CODE] = result_col(SEL_STATUS_CODE, &r->nulls[OUT_STATUS_CODE]);
-			r->values[OUT_HEADERS] = result_col_copy(call, SEL_HEADERS, &r->nulls[OUT_HEADERS]);
-			r->values[OUT_BODY] = result_col_copy(call, SEL_BODY, &r->nulls[OUT_BODY]);
 			return;
 		}
-		if (lease_expires_at > now)
+		if (rec.lease_expires_at > now)
 		{
 			r->outcome = CLAIM_IN_PROGRESS;
-			r->lease_expires_at = lease_expires_at;
+			r->lease_expires_at = rec.lease_expires_at;
 			return;
 		}
 		else
 		{
-			Datum		values[5] = {PointerGetDatum(a->scope), PointerGetDatum(a->key),
-				result_col(SEL_FENCE, &isnull), IntervalPGetDatum(a->lease),
+			Datum		takeover[5] = {PointerGetDatum(a->scope), PointerGetDatum(a->key),
+				Int64GetDatum(rec.fence), IntervalPGetDatum(a->lease),
 			TimestampTzGetDatum(now)};
 
-			if (run_plan(PLAN_TAKEOVER, values, NULL, false) == 1)
+			if (run_plan(PLAN_TAKEOVER, takeover, NULL, false) == 1)
 			{
 				set_new(r, call, true, now);
 				return;
@@ -838,22 +963,30 @@ count_claim(const ClaimResult *r, bool waited)
 		stats_add(IDEM_WAITS, 1);
 }
 
-/* Returns claim's blessed result descriptor, built once per call site. */
+/*
+ * Returns claim's blessed result descriptor, built once per backend (per
+ * function OID, so a recreated extension gets a new one).
+ */
 static TupleDesc
 claim_result_desc(FunctionCallInfo fcinfo)
 {
+	static Oid	desc_fn_oid = InvalidOid;
+	static TupleDesc desc = NULL;
 	TupleDesc	tupdesc;
 	MemoryContext old;
 
-	if (fcinfo->flinfo->fn_extra)
-		return (TupleDesc) fcinfo->flinfo->fn_extra;
+	if (desc && desc_fn_oid == fcinfo->flinfo->fn_oid)
+		return desc;
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
-	old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+	old = MemoryContextSwitchTo(TopMemoryContext);
 	tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
 	MemoryContextSwitchTo(old);
-	fcinfo->flinfo->fn_extra = tupdesc;
-	return tupdesc;
+	if (desc)
+		FreeTupleDesc(desc);
+	desc = tupdesc;
+	desc_fn_oid = fcinfo->flinfo->fn_oid;
+	return desc;
 }
 
 /*
@@ -932,7 +1065,7 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	if (prepared)
 		wait_cancel();
 	api_end(&call);
-	if (r.outcome == CLAIM_NEW)
+	if (r.outcome == CLAIM_NEW && synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
 		flush_fence_sequence();
 
 	if (r.outcome == CLAIM_IN_PROGRESS)
