@@ -1,0 +1,11 @@
+-- same transaction, extension: the claim, the business row and the stored
+-- response commit together.
+-- A key no run has used: the run number P, the client and its own counter,
+-- spread over 18 digits by a fixed permutation (so, in random order).
+\set seq :seq + 1
+\set key permute(:P * 1000000000000 + :client_id * 1000000000 + :seq, 1000000000000000000, 42)
+BEGIN;
+SELECT outcome, fence FROM idempotency.claim(:key, :fp) \gset
+INSERT INTO payments (idem_key, amount_cents, currency) VALUES (:key, 1999, 'EUR');
+SELECT idempotency.complete(:key, :fence, 201, :body);
+COMMIT;
