@@ -9,17 +9,11 @@ use warnings FATAL => 'all';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemCrash;
 use Time::HiRes qw(usleep);
 
-# Returns the SQLSTATE that $sql fails with on $node, or a note that it did not fail.
-sub sqlstate_of
-{
-	my ($node, $sql) = @_;
-	my ($ret, $out, $err) =
-	  $node->psql('postgres', "\\set VERBOSITY verbose\n$sql");
-	return $1 if $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return "no error (exit code $ret, output '$out')";
-}
 
 # Returns the lines of $node's log after byte $offset that report a failure
 # of a server process.  The test's own sessions fail on purpose, and the WAL
@@ -116,24 +110,24 @@ is( $standby->safe_psql('postgres',
 # Writing functions: 25006 whatever the answer would be.
 for my $key (qw(done busy stale gone absent))
 {
-	is(sqlstate_of($standby, "SELECT * FROM idempotency.claim('$key', '\\xaa')"),
+	is(idem_sqlstate($standby, "SELECT * FROM idempotency.claim('$key', '\\xaa')"),
 		'25006', "claim of $key on the standby raises 25006");
 }
-is(sqlstate_of($standby, "SELECT * FROM idempotency.claim('done', '\\xbb')"),
+is(idem_sqlstate($standby, "SELECT * FROM idempotency.claim('done', '\\xbb')"),
 	'25006', 'claim that would be a mismatch raises 25006 on the standby');
-is( sqlstate_of(
+is( idem_sqlstate(
 		$standby, "SELECT idempotency.complete('busy', $fence{busy}, 200)"),
 	'25006',
 	'complete on the standby raises 25006');
-is(sqlstate_of($standby, "SELECT idempotency.release('busy', $fence{busy})"),
+is(idem_sqlstate($standby, "SELECT idempotency.release('busy', $fence{busy})"),
 	'25006', 'release on the standby raises 25006');
-is(sqlstate_of($standby, "SELECT idempotency.extend('busy', $fence{busy})"),
+is(idem_sqlstate($standby, "SELECT idempotency.extend('busy', $fence{busy})"),
 	'25006', 'extend on the standby raises 25006');
-is( sqlstate_of(
+is( idem_sqlstate(
 		$standby, "SELECT idempotency.checkpoint('busy', $fence{busy}, 'p')"),
 	'25006',
 	'checkpoint on the standby raises 25006');
-is(sqlstate_of($standby, 'SELECT idempotency.reap()'),
+is(idem_sqlstate($standby, 'SELECT idempotency.reap()'),
 	'25006', 'reap on the standby raises 25006');
 
 # lookup answers on the standby, as claim would see the record.
@@ -215,7 +209,7 @@ my ($point, $state);
 is("$outcome|$attempt|$point|$state", 'new|2|charged|ch_1',
 	'the ended lease is taken over with its recovery point');
 cmp_ok($fence, '>', $max_fence, 'the takeover has a larger fence');
-is( sqlstate_of(
+is( idem_sqlstate(
 		$node, "SELECT idempotency.complete('stale', $fence{stale}, 200)"),
 	'IK001',
 	'the old owner of stale is fenced off');

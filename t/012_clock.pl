@@ -8,6 +8,9 @@ use warnings FATAL => 'all';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemCrash;
 
 my ($libfaketime) =
   grep { m{/libfaketime\.so\.1$} } split /\n/,
@@ -38,15 +41,6 @@ sub clock_offset
 	return $server - time();
 }
 
-# Returns the SQLSTATE that $sql fails with on $node, or a note that it did not fail.
-sub sqlstate_of
-{
-	my ($node, $sql) = @_;
-	my ($ret, $out, $err) =
-	  $node->psql('postgres', "\\set VERBOSITY verbose\n$sql");
-	return $1 if $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return "no error (exit code $ret, output '$out')";
-}
 
 my $node = PostgreSQL::Test::Cluster->new('clock');
 $node->init;
@@ -138,7 +132,7 @@ my ($outcome, $fence, $attempt, $point) = split /\|/,
 is("$outcome|$attempt|$point", 'new|2|step-1',
 	'after a forward jump the ended lease is taken over');
 cmp_ok($fence, '>', $fence{live}, 'the takeover has a larger fence');
-is( sqlstate_of(
+is( idem_sqlstate(
 		$node, "SELECT idempotency.complete('live', $fence{live}, 200)"),
 	'IK001',
 	'the old owner of live is fenced off');

@@ -1,4 +1,4 @@
-# Helpers shared by the crash and durability TAP tests (t/001 to t/009):
+# Helpers shared by the TAP tests:
 # a node that preloads the library, a server clock the test can move, and a
 # restart after kill -9 of the postmaster.
 
