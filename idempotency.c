@@ -3,11 +3,13 @@
  *	  The SQL-callable API of the idempotency extension and _PG_init.
  *
  * Records live in idempotency.keys, one row per (scope, key).  Every call
- * reads and writes that table through SPI plans prepared once per backend,
- * as the table's owner: application roles get EXECUTE on the functions and
- * no privilege on the table.  Every name in the plans is schema-qualified,
+ * writes that table through SPI plans prepared once per backend, as the
+ * table's owner: application roles get EXECUTE on the functions and no
+ * privilege on the table.  Every name in the plans is schema-qualified,
  * operators included, so the caller's search_path cannot change their
- * meaning.
+ * meaning.  The one read on the hot path, claim's, is a direct primary-key
+ * lookup instead, without an executor: it took replays from 0.68x to 0.95x
+ * a bare primary-key SELECT (bench/run).
  *
  * The claim is decided by a plain read, then at most one conditional write:
  * INSERT ... ON CONFLICT DO NOTHING for an absent key, or an UPDATE whose
@@ -21,7 +23,6 @@
 #include "postgres.h"
 
 #include <limits.h>
-#include <math.h>
 
 #include "access/detoast.h"
 #include "access/htup_details.h"
