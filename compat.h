@@ -22,6 +22,18 @@
 #define IDEM_HAVE_SHMEM_REQUEST_HOOK 1
 #endif
 
+/* PG 14 moved the wait events out of pgstat.h. */
+#if PG_VERSION_NUM >= 140000
+#include "utils/wait_event.h"
+#else
+#include "pgstat.h"
+#endif
+
+/* Minor releases before 13.12, 14.9 and 15.4 lack this marker of a half-dropped database. */
+#ifndef DATCONNLIMIT_INVALID_DB
+#define DATCONNLIMIT_INVALID_DB -2
+#endif
+
 /* PG 14 added timed sleeps on condition variables. */
 #if PG_VERSION_NUM < 140000
 #define ConditionVariableTimedSleep(cv, timeout, wait_event_info) \

@@ -22,7 +22,6 @@
 #include "storage/spin.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
-#include "utils/wait_event.h"
 
 #include "compat.h"
 #include "idempotency.h"
