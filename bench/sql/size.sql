@@ -4,14 +4,7 @@
 -- psql variables: rows, fp, hash, body.
 
 CREATE EXTENSION idempotency;
-CREATE TABLE idempotency_keys (
-	key           text PRIMARY KEY,
-	request_hash  text NOT NULL,
-	status        text NOT NULL CHECK (status IN ('started', 'completed')),
-	response_code int,
-	response_body jsonb,
-	created_at    timestamptz NOT NULL DEFAULT now()
-);
+\ir hand-written-table.sql
 CREATE UNLOGGED TABLE won (i int PRIMARY KEY, k text, fence bigint);
 
 -- Keys md5('size-1') .. : 32 characters, in random order like UUIDs.
