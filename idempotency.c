@@ -815,8 +815,11 @@ fetch_record(const ClaimArgs *a, ApiCall *call, StoredRecord *rec, ClaimResult *
 	Snapshot	snapshot;
 	bool		found;
 
-	/* See the writes this statement made in earlier calls. */
-	CommandCounterIncrement();
+	/*
+	 * A new snapshot, not the statement's: a claim that lost a race must see
+	 * the winner's commit, and a second claim in one statement the first's
+	 * insert (SPI has advanced the command counter after it).
+	 */
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	rel = table_open(c->keys_relid, AccessShareLock);
 	index = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);

@@ -158,3 +158,13 @@ SELECT outcome, attempt FROM idempotency.claim('wait-1', '\x0b', wait => '10s');
 -- the fences handed out were all different and increasing
 SELECT :f1 < :f2 AND :f2 < :f3 AND :f3 < :f4 AND :f4 < :f6 AND :f6 < :f7 AND :f7 < :f8
        AND :f8 < :f9 AND :f9 < :f11 AND :f11 < :f10 AS fences_increase;
+
+-- two claims of one key in one statement: the second sees the first's insert
+SELECT (SELECT outcome FROM idempotency.claim('same-stmt', '\x0d')) AS first,
+       (SELECT outcome FROM idempotency.claim('same-stmt', '\x0d')) AS second;
+-- and in one transaction, the claim sees its own complete
+BEGIN;
+SELECT fence AS f12 FROM idempotency.claim('same-txn', '\x0e') \gset
+SELECT idempotency.complete('same-txn', :f12, 200, 'mine');
+SELECT outcome, body FROM idempotency.claim('same-txn', '\x0e');
+COMMIT;
