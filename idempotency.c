@@ -1152,7 +1152,8 @@ filter_headers(Jsonb *headers)
 
 	if (!JB_ROOT_IS_OBJECT(headers))
 		bad_headers("Headers must be a JSON object.");
-	if (!SplitIdentifierString(rawlist, ',', &denylist))
+	/* Like a GUC list: lower-cased unless quoted, and never truncated. */
+	if (!SplitGUCList(rawlist, ',', &denylist))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid list syntax in \"idempotency.header_denylist\"")));

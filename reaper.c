@@ -73,22 +73,31 @@ typedef enum BatchGate
 PGDLLEXPORT void idempotency_reaper_launcher_main(Datum main_arg);
 PGDLLEXPORT void idempotency_reaper_worker_main(Datum main_arg);
 
+/*
+ * Fills in what the launcher and the workers share: both connect (the
+ * launcher to no database) and start on a hot standby too, where the
+ * launcher idles until promotion.
+ */
+static void
+init_worker(BackgroundWorker *worker, const char *function, const char *type)
+{
+	memset(worker, 0, sizeof(*worker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_ConsistentState;
+	strlcpy(worker->bgw_library_name, "idempotency", BGW_MAXLEN);
+	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
+	strlcpy(worker->bgw_name, type, BGW_MAXLEN);
+	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
+}
+
 /* Registers the launcher; called from _PG_init while preloading. */
 void
 reaper_register(void)
 {
 	BackgroundWorker worker;
 
-	memset(&worker, 0, sizeof(worker));
-	/* A connection to no database still lets it read pg_database. */
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	/* Started on a hot standby too, where it idles until promotion. */
-	worker.bgw_start_time = BgWorkerStart_ConsistentState;
+	init_worker(&worker, "idempotency_reaper_launcher_main", "idempotency reaper launcher");
 	worker.bgw_restart_time = LAUNCHER_RESTART_S;
-	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idempotency_reaper_launcher_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "idempotency reaper launcher", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "idempotency reaper launcher", BGW_MAXLEN);
 	RegisterBackgroundWorker(&worker);
 }
 
@@ -282,16 +291,11 @@ reap_one_database(const ReapTarget *target)
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_ConsistentState;
+	init_worker(&worker, "idempotency_reaper_worker_main", "idempotency reaper");
 	/* Whatever it leaves, the next cycle picks up: no restart. */
 	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idempotency_reaper_worker_main", BGW_MAXLEN);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency reaper for database %s",
 			 target->name);
-	strlcpy(worker.bgw_type, "idempotency reaper", BGW_MAXLEN);
 	worker.bgw_main_arg = ObjectIdGetDatum(target->oid);
 	strlcpy(worker.bgw_extra, target->name, BGW_EXTRALEN);
 	worker.bgw_notify_pid = MyProcPid;

@@ -5,7 +5,7 @@
  *	  waiting for an owner to finish.
  *
  * Everything here exists only when the library is preloaded; without it the
- * counters read as NULL and waiting claims poll with a backoff instead.
+ * counters read as NULL and waiting claims re-check once a second instead.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

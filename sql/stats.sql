@@ -23,4 +23,10 @@ ROLLBACK;
 SELECT claims_new, claims_replay, claims_in_progress, claims_mismatch, takeovers,
        completes_stored, completes_released, releases, fence_rejections
 FROM idempotency.stats;
-SELECT rows_total >= 1 AS has_rows, rows_in_progress >= 0 AS in_progress_ok FROM idempotency.stats;
+-- the live figures count the table
+SELECT s.rows_total = (SELECT count(*) FROM idempotency.keys) AS rows_total_ok,
+       s.rows_in_progress = (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress') AS in_progress_ok,
+       s.rows_in_progress > 0 AS some_in_progress,
+       s.oldest_lease_expires_at = (SELECT min(lease_expires_at) FROM idempotency.keys
+                                    WHERE state = 'in_progress') AS oldest_ok
+FROM idempotency.stats s;
