@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared by examples/test-e2e and examples/demo-http: a throwaway PostgreSQL
-# cluster that preloads the extension, the two example apps, and curl.
+# cluster that preloads the extension, the example apps (each started by its
+# run script), and curl.
 # Source it from bash; it sources scripts/lib.sh (as_root, as_postgres, PGBIN).
 
 EXAMPLES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -11,15 +12,24 @@ EX_PGPORT=		# the cluster's port on 127.0.0.1
 EX_PIDS=()		# the apps started, each the leader of its process group
 APP_PID='' APP_PORT='' APP_URL=''	# the app started last
 
-# Fails, saying what is missing, unless node, npm, curl and psql are at hand.
+# Fails, saying what is missing, unless curl, node (JSON checks, free ports) and psql are at hand.
 check_tools() {
 	local tool missing=()
-	for tool in node npm curl setsid "$PGBIN/initdb" "$PGBIN/psql"; do
+	for tool in node curl setsid "$PGBIN/initdb" "$PGBIN/psql"; do
 		command -v "$tool" >/dev/null || missing+=("$tool")
 	done
 	[ ${#missing[@]} -eq 0 ] && return 0
 	echo "missing: ${missing[*]} (scripts/test installs what the examples need)" >&2
 	return 1
+}
+
+# Prints the example apps: the directories of examples/ with an executable run.
+example_apps() {
+	local d
+	for d in "$EXAMPLES"/*/; do
+		[ -x "$d/run" ] && basename "$d"
+	done
+	return 0
 }
 
 # Runs a command as root; as postgres (when that is who runs us), directly.
@@ -31,16 +41,6 @@ as_admin() {
 free_port() {
 	node -e 'const s = require("net").createServer();
 		s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); });'
-}
-
-# Prints a python3 that has Debian's flask and psycopg (a pyenv one may not).
-flask_python() {
-	local py
-	for py in "${PYTHON:-python3}" /usr/bin/python3; do
-		if "$py" -c 'import flask, psycopg' 2>/dev/null; then echo "$py"; return 0; fi
-	done
-	echo "no python3 with flask and psycopg: apt-get install python3-flask python3-psycopg" >&2
-	return 1
 }
 
 # Runs pg_ctl as postgres, from a directory postgres can read.
@@ -102,37 +102,27 @@ create_db() {
 	db_url "$1"
 }
 
-# Installs the Node app's dependencies from the lock file (npm registry).
-npm_install() {
-	(cd "$EXAMPLES/node" &&
-		npm ci --no-audit --no-fund --no-update-notifier --loglevel=error) >/dev/null
-}
-
-# Starts app $1 (node or python) on $2 (a DATABASE_URL) on port $3 (default:
-# a free one); sets APP_PID, APP_PORT and APP_URL, and waits until GET / answers.
+# Starts app $1 (a directory of examples/ with a run script) on $2 (a
+# DATABASE_URL) on port $3 (default: a free one); sets APP_PID, APP_PORT and
+# APP_URL, and waits until GET / answers. The first start may build the app:
+# it may take up to APP_START_TIMEOUT seconds (default 900) while run lives.
 start_app() {
-	local kind=$1 url=$2 log=$EX_TMP/$1.log py
+	local kind=$1 url=$2 log=$EX_TMP/$1.log
 	APP_PORT=${3:-$(free_port)}
 	APP_URL=http://127.0.0.1:$APP_PORT
-	# setsid: npm start runs node as a child; the group is stopped as one.
-	case $kind in
-	node)	(cd "$EXAMPLES/node" && DATABASE_URL=$url PORT=$APP_PORT exec setsid npm start) \
-			>>"$log" 2>&1 & ;;
-	python)	py=$(flask_python) || return 1
-		(cd "$EXAMPLES/python" && DATABASE_URL=$url PORT=$APP_PORT exec setsid "$py" app.py) \
-			>>"$log" 2>&1 & ;;
-	*)	echo "unknown app $kind" >&2; return 1 ;;
-	esac
+	[ -x "$EXAMPLES/$kind/run" ] || { echo "no executable examples/$kind/run" >&2; return 1; }
+	# setsid: run may start the app as a child; the group is stopped as one.
+	(cd "$EXAMPLES/$kind" && DATABASE_URL=$url PORT=$APP_PORT exec setsid ./run) >>"$log" 2>&1 &
 	APP_PID=$!
 	EX_PIDS+=("$APP_PID")
-	local _
-	for _ in $(seq 1 300); do
+	local deadline=$((SECONDS + ${APP_START_TIMEOUT:-900}))
+	while [ $SECONDS -lt $deadline ]; do
 		curl -s -o /dev/null --max-time 2 "$APP_URL/" && return 0
 		kill -0 "$APP_PID" 2>/dev/null || break
 		sleep 0.1
 	done
 	echo "the $kind app did not start; its log:" >&2
-	cat "$log" >&2
+	tail -n 100 "$log" >&2
 	return 1
 }
 
@@ -174,13 +164,15 @@ wait_in_progress() {
 	return 1
 }
 
-# POSTs a payment: pay OUT CREDENTIAL KEY BODY (KEY '' sends no key header).
-# Leaves OUT.status, OUT.headers and OUT.body.
+# POSTs a payment: pay OUT CREDENTIAL KEY BODY [KEY...]. KEY is the
+# Idempotency-Key field value as sent ('' sends none; more KEYs send the
+# field more than once). Leaves OUT.status, OUT.headers and OUT.body.
 pay() {
-	local out=$1 cred=$2 key=$3 body=$4
+	local out=$1 cred=$2 key=$3 body=$4 extra
 	local args=(-X POST "$APP_URL/payments" -H "Authorization: $cred"
 		-H 'Content-Type: application/json')
 	[ -n "$key" ] && args+=(-H "Idempotency-Key: $key")
+	for extra in "${@:5}"; do args+=(-H "Idempotency-Key: $extra"); done
 	curl -s --max-time 30 -o "$out.body" -D "$out.headers" -w '%{http_code}' \
 		"${args[@]}" -d "$body" >"$out.status" || echo 000 >"$out.status"
 }

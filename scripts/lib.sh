@@ -19,6 +19,11 @@ install_packages() {
 	local want=(postgresql-15 postgresql-server-dev-15 postgresql-contrib
 		libssl-dev libipc-run-perl build-essential pgbouncer libfaketime
 		curl ca-certificates python3-flask python3-psycopg nodejs npm ${EXTRA_PACKAGES:-})
+	local list
+	# Each client package and example app lists the Debian packages it needs.
+	for list in clients/*/debian-packages.txt examples/*/debian-packages.txt; do
+		[ -f "$list" ] && want+=($(grep -v '^#' "$list"))
+	done
 	local missing=()
 	for p in "${want[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
