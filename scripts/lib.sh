@@ -1,6 +1,7 @@
 # Shared by scripts/test, scripts/demo and bench/run: packages, build, users.
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-PGBIN=/usr/lib/postgresql/15/bin
+# The server binaries beside that pg_config (a private copy of the installation works too).
+PGBIN=${PGBIN:-$(dirname "$PG_CONFIG")}
 
 # Runs a command as root (directly, or through sudo for a normal user).
 as_root() {
