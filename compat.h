@@ -8,8 +8,6 @@
 #define IDEMPOTENCY_COMPAT_H
 
 #include "miscadmin.h"
-#include "storage/condition_variable.h"
-#include "storage/latch.h"
 #include "utils/guc.h"
 
 /* PG 15 renamed EmitWarningsOnPlaceholders and made it reserve the prefix. */
@@ -34,13 +32,9 @@
 #define DATCONNLIMIT_INVALID_DB -2
 #endif
 
-/* PG 14 added timed sleeps on condition variables. */
-#if PG_VERSION_NUM < 140000
-#define ConditionVariableTimedSleep(cv, timeout, wait_event_info) \
-	(ConditionVariableCancelSleep(), \
-	 WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, \
-			   (timeout), (wait_event_info)), \
-	 ResetLatch(MyLatch), CHECK_FOR_INTERRUPTS(), true)
+/* PG 16 exported guc_malloc; before it, a check hook's extra block comes from malloc. */
+#if PG_VERSION_NUM < 160000
+#define guc_malloc(elevel, size) malloc(size)
 #endif
 
 #endif							/* IDEMPOTENCY_COMPAT_H */

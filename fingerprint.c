@@ -16,7 +16,7 @@
 #include "utils/formatting.h"
 #include "utils/jsonb.h"
 
-#include "idempotency.h"
+#include "args.h"
 
 #define SHA256_LEN 32
 
@@ -93,8 +93,8 @@ idempotency_fingerprint(PG_FUNCTION_ARGS)
 {
 	bytea	   *body = PG_ARGISNULL(2) ? NULL : PG_GETARG_BYTEA_PP(2);
 
-	require_arg(fcinfo, 0, "method");
-	require_arg(fcinfo, 1, "path");
+	idem_require_arg(fcinfo, 0, "method");
+	idem_require_arg(fcinfo, 1, "path");
 	PG_RETURN_BYTEA_P(fingerprint_parts(PG_GETARG_TEXT_PP(0), PG_GETARG_TEXT_PP(1),
 										body ? VARDATA_ANY(body) : NULL,
 										body ? VARSIZE_ANY_EXHDR(body) : 0,
@@ -112,8 +112,8 @@ idempotency_fingerprint_json(PG_FUNCTION_ARGS)
 {
 	char	   *canonical = NULL;
 
-	require_arg(fcinfo, 0, "method");
-	require_arg(fcinfo, 1, "path");
+	idem_require_arg(fcinfo, 0, "method");
+	idem_require_arg(fcinfo, 1, "path");
 	if (!PG_ARGISNULL(2))
 	{
 		Jsonb	   *body = PG_GETARG_JSONB_P(2);

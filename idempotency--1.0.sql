@@ -3,15 +3,28 @@
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION idempotency" to load this file. \quit
 
+-- The extension makes its own schema, and fails if one by that name exists:
+-- objects someone else put there (an operator, a function) could otherwise
+-- be bound into ours.  For the same reason every name below is qualified,
+-- operators included.
+CREATE SCHEMA idempotency;
+COMMENT ON SCHEMA idempotency IS
+	'Idempotency keys for HTTP APIs; grant USAGE to the roles that use the API';
+
 CREATE TYPE idempotency.state AS ENUM ('in_progress', 'completed');
+COMMENT ON TYPE idempotency.state IS 'State of an idempotency record';
 
 -- Fences come from here: never reused, also not after release or reaping.
 CREATE SEQUENCE idempotency.fence_seq AS bigint;
+COMMENT ON SEQUENCE idempotency.fence_seq IS
+	'Fencing tokens: each claim and takeover takes a new, larger one';
 
 -- Fixed-width columns first, so that the row has no alignment padding.
 -- complete() changes no indexed column, so it is a HOT update whenever the
 -- page has room: it usually has, as complete follows its claim closely
 -- (95% HOT measured at the default fillfactor; 100% at 75 cost 25% more heap).
+-- A record belongs to the role that claimed it (owner): other roles see it
+-- only when they have that role's privileges, so owner is part of the key.
 CREATE TABLE idempotency.keys (
 	fence            bigint NOT NULL,
 	created_at       timestamptz NOT NULL,
@@ -22,15 +35,18 @@ CREATE TABLE idempotency.keys (
 	attempt          integer NOT NULL,
 	status_code      integer,
 	state            idempotency.state NOT NULL,
-	scope            text NOT NULL COLLATE "C",
-	key              text NOT NULL COLLATE "C",
+	owner            regrole NOT NULL,
+	scope            text NOT NULL COLLATE pg_catalog."C",
+	key              text NOT NULL COLLATE pg_catalog."C",
 	fingerprint      bytea NOT NULL,
 	recovery_point   text,
 	recovery_state   jsonb,
 	headers          jsonb,
 	body             bytea,
-	PRIMARY KEY (scope, key)
+	PRIMARY KEY (scope, key, owner)
 );
+COMMENT ON TABLE idempotency.keys IS
+	'Idempotency records, one per (scope, key, owner role); read and written only through the API';
 
 CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
 
@@ -60,6 +76,8 @@ CREATE FUNCTION idempotency.claim(
 RETURNS record
 AS 'MODULE_PATHNAME', 'idempotency_claim'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.claim(text, bytea, text, interval, interval, interval) IS
+	'Claims an idempotency key: new (run the request), replay, in_progress or mismatch';
 
 CREATE FUNCTION idempotency.complete(
 	key text,
@@ -71,6 +89,8 @@ CREATE FUNCTION idempotency.complete(
 RETURNS text
 AS 'MODULE_PATHNAME', 'idempotency_complete'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.complete(text, bigint, integer, bytea, jsonb, text) IS
+	'Stores the response of a claim (stored), or releases it for a 5xx (released)';
 
 CREATE FUNCTION idempotency.release(
 	key text,
@@ -79,6 +99,8 @@ CREATE FUNCTION idempotency.release(
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idempotency_release'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.release(text, bigint, text) IS
+	'Deletes a claim so that the next retry runs again; false when the fence no longer owns it';
 
 CREATE FUNCTION idempotency.extend(
 	key text,
@@ -88,6 +110,8 @@ CREATE FUNCTION idempotency.extend(
 RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'idempotency_extend'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.extend(text, bigint, interval, text) IS
+	'Renews the lease of a claim; returns when it now ends';
 
 CREATE FUNCTION idempotency.checkpoint(
 	key text,
@@ -98,7 +122,10 @@ CREATE FUNCTION idempotency.checkpoint(
 RETURNS void
 AS 'MODULE_PATHNAME', 'idempotency_checkpoint'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.checkpoint(text, bigint, text, jsonb, text) IS
+	'Saves the progress of multi-step work, handed to the next attempt after a takeover, and renews the lease';
 
+-- VOLATILE: it reads the clock, so two calls in one statement may differ.
 CREATE FUNCTION idempotency.lookup(
 	key text,
 	scope text DEFAULT NULL,
@@ -119,7 +146,9 @@ CREATE FUNCTION idempotency.lookup(
 	OUT expires_at timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idempotency_lookup'
-LANGUAGE C STABLE PARALLEL SAFE ROWS 1;
+LANGUAGE C VOLATILE PARALLEL SAFE ROWS 1;
+COMMENT ON FUNCTION idempotency.lookup(text, text) IS
+	'Shows the record of a key as claim sees it, without its fence; read-only, works on a standby';
 
 CREATE FUNCTION idempotency.fingerprint(
 	method text,
@@ -129,6 +158,8 @@ CREATE FUNCTION idempotency.fingerprint(
 RETURNS bytea
 AS 'MODULE_PATHNAME', 'idempotency_fingerprint'
 LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.fingerprint(text, text, bytea, text) IS
+	'SHA-256 of a request: method, path, body and query';
 
 CREATE FUNCTION idempotency.fingerprint_json(
 	method text,
@@ -138,11 +169,15 @@ CREATE FUNCTION idempotency.fingerprint_json(
 RETURNS bytea
 AS 'MODULE_PATHNAME', 'idempotency_fingerprint_json'
 LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.fingerprint_json(text, text, jsonb, text) IS
+	'SHA-256 of a request with a JSON body, whatever its key order and whitespace';
 
 CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'idempotency_reap'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.reap(integer) IS
+	'Deletes up to batch expired records, oldest first; returns how many';
 
 CREATE FUNCTION idempotency._stats_counters(
 	OUT claims_new bigint,
@@ -163,23 +198,35 @@ CREATE FUNCTION idempotency._stats_counters(
 RETURNS record
 AS 'MODULE_PATHNAME', 'idempotency_stats_counters'
 LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency._stats_counters() IS
+	'The counters behind idempotency.stats';
 
 CREATE FUNCTION idempotency.stats_reset()
 RETURNS void
 AS 'MODULE_PATHNAME', 'idempotency_stats_reset'
 LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.stats_reset() IS
+	'Zeroes the counters of idempotency.stats';
 
 -- Counters from shared memory, live figures from the table (one scan).
 CREATE VIEW idempotency.stats AS
 SELECT c.*, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at
 FROM idempotency._stats_counters() c,
-	LATERAL (SELECT count(*) AS rows_total,
-					count(*) FILTER (WHERE k.state = 'in_progress') AS rows_in_progress,
-					min(k.lease_expires_at) FILTER (WHERE k.state = 'in_progress')
+	LATERAL (SELECT pg_catalog.count(*) AS rows_total,
+					pg_catalog.count(*) FILTER (WHERE k.state
+						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
+						AS rows_in_progress,
+					pg_catalog.min(k.lease_expires_at) FILTER (WHERE k.state
+						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
 						AS oldest_lease_expires_at
 			 FROM idempotency.keys k) l;
+COMMENT ON VIEW idempotency.stats IS
+	'Counters of the API since start or stats_reset(), and live figures of the records';
 
--- Statistics are for whoever monitors the server; resetting them for superusers.
+-- Statistics are for whoever monitors the server, without the API (the
+-- functions refuse a role whose USAGE on the schema is pg_monitor's only);
+-- resetting them for superusers.
+GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
 REVOKE ALL ON idempotency.stats FROM PUBLIC;
 GRANT SELECT ON idempotency.stats TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;

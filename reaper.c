@@ -5,10 +5,10 @@
  * A launcher, registered at preload, connects to no database.  Every
  * idempotency.reaper_naptime it lists the databases that allow connections
  * and, one at a time, starts a short-lived worker in each; the worker exits
- * at once where the extension is not installed, otherwise calls
- * reap_expired() in batches of idempotency.reaper_batch, one transaction
- * each, until nothing expired is left, and exits.  No process of ours stays
- * connected to a database between runs.
+ * at once where the extension is not installed, otherwise deletes expired
+ * records (the code of reap()) in batches of idempotency.reaper_batch, one
+ * transaction each, until nothing expired is left, and exits.  No process
+ * of ours stays connected to a database between runs.
  *
  * During a run the worker never waits for a heavyweight lock held by someone
  * else: before each batch it tries, without waiting, the locks that DROP
@@ -50,10 +50,21 @@
 #include "utils/varlena.h"
 
 #include "compat.h"
-#include "idempotency.h"
+#include "guclist.h"
+#include "keys.h"
+#include "reaper.h"
+#include "stats.h"
 
 /* Seconds before the postmaster restarts a launcher that died. */
 #define LAUNCHER_RESTART_S 5
+
+/* The reaper's settings. */
+static int	reaper_naptime_s = 60;
+static int	reaper_batch = 10000;
+static char *reaper_databases = NULL;
+
+/* reaper_databases, parsed when it was set; empty: every database. */
+static const IdemNameList *listed_databases = NULL;
 
 /* A database the launcher will visit in this cycle. */
 typedef struct ReapTarget
@@ -73,6 +84,24 @@ typedef enum BatchGate
 PGDLLEXPORT void idempotency_reaper_launcher_main(Datum main_arg);
 PGDLLEXPORT void idempotency_reaper_worker_main(Datum main_arg);
 
+PG_FUNCTION_INFO_V1(idempotency_reap);
+
+static uint64 reap_expired(int batch);
+
+/* Check hook of idempotency.reaper_databases: the list must parse, once, when set. */
+static bool
+check_reaper_databases(char **newval, void **extra, GucSource source)
+{
+	return idem_name_list_parse(*newval, "idempotency.reaper_databases", true, extra);
+}
+
+/* Assign hook of idempotency.reaper_databases: installs the parsed list. */
+static void
+assign_reaper_databases(const char *newval, void *extra)
+{
+	listed_databases = (const IdemNameList *) extra;
+}
+
 /*
  * Fills in what the launcher and the workers share: both connect (the
  * launcher to no database) and start on a hot standby too, where the
@@ -90,12 +119,38 @@ init_worker(BackgroundWorker *worker, const char *function, const char *type)
 	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
 }
 
-/* Registers the launcher; called from _PG_init while preloading. */
+/*
+ * Defines the reaper's settings and, while preloading, registers the
+ * launcher; called from _PG_init.
+ */
 void
-reaper_register(void)
+idem_reaper_init(void)
 {
 	BackgroundWorker worker;
 
+	/* Expiry is not urgent: a minute is plenty. */
+	DefineCustomIntVariable("idempotency.reaper_naptime",
+							gettext_noop("Sets the time between runs of the background reaper."),
+							NULL,
+							&reaper_naptime_s, 60, 1, INT_MAX / 1000,
+							PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+
+	/* One transaction per batch keeps locks and WAL bursts small. */
+	DefineCustomIntVariable("idempotency.reaper_batch",
+							gettext_noop("Sets how many records the reaper, and reap() by default, delete per transaction."),
+							NULL,
+							&reaper_batch, 10000, 1, INT_MAX,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+
+	DefineCustomStringVariable("idempotency.reaper_databases",
+							   gettext_noop("Sets the databases the background reaper visits."),
+							   gettext_noop("A comma-separated list of database names; empty means every database where the extension is installed."),
+							   &reaper_databases, "",
+							   PGC_SIGHUP, GUC_LIST_INPUT,
+							   check_reaper_databases, assign_reaper_databases, NULL);
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
 	init_worker(&worker, "idempotency_reaper_launcher_main", "idempotency reaper launcher");
 	worker.bgw_restart_time = LAUNCHER_RESTART_S;
 	RegisterBackgroundWorker(&worker);
@@ -113,47 +168,6 @@ reload_if_requested(void)
 }
 
 /*
- * Parses idempotency.reaper_databases into a list of names; '' gives NIL.
- * Sets *ok to false (and warns) when the list does not parse.
- */
-static List *
-listed_databases(bool *ok)
-{
-	List	   *names = NIL;
-	char	   *raw;
-
-	*ok = true;
-	if (idem_reaper_databases == NULL || idem_reaper_databases[0] == '\0')
-		return NIL;
-	raw = pstrdup(idem_reaper_databases);
-	if (!SplitIdentifierString(raw, ',', &names))
-	{
-		ereport(WARNING,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid list syntax in parameter \"%s\"",
-						"idempotency.reaper_databases"),
-				 errhint("List database names separated by commas; double-quote names with capitals or commas.")));
-		*ok = false;
-		return NIL;
-	}
-	return names;
-}
-
-/* Tells whether name is one of the names in the list. */
-static bool
-name_in_list(const char *name, List *names)
-{
-	ListCell   *lc;
-
-	foreach(lc, names)
-	{
-		if (strcmp(name, (const char *) lfirst(lc)) == 0)
-			return true;
-	}
-	return false;
-}
-
-/*
  * Reads pg_database and returns the databases to visit, allocated in cxt.
  * Without a list: every database that allows connections except templates
  * (a worker in template1 would make CREATE DATABASE fail).  With a list:
@@ -163,8 +177,7 @@ static List *
 databases_to_visit(MemoryContext cxt)
 {
 	List	   *targets = NIL;
-	List	   *names;
-	bool		ok;
+	bool		every = (listed_databases == NULL || listed_databases->count == 0);
 	Relation	rel;
 	TableScanDesc scan;
 	HeapTuple	tup;
@@ -173,13 +186,6 @@ databases_to_visit(MemoryContext cxt)
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	(void) GetTransactionSnapshot();
-
-	names = listed_databases(&ok);
-	if (!ok)
-	{
-		CommitTransactionCommand();
-		return NIL;
-	}
 
 	rel = table_open(DatabaseRelationId, AccessShareLock);
 	scan = table_beginscan_catalog(rel, 0, NULL);
@@ -191,8 +197,9 @@ databases_to_visit(MemoryContext cxt)
 		/* Neither closed databases nor ones a failed DROP left behind. */
 		if (!db->datallowconn || db->datconnlimit == DATCONNLIMIT_INVALID_DB)
 			continue;
-		if (names == NIL ? db->datistemplate
-			: !name_in_list(NameStr(db->datname), names))
+		if (every ? db->datistemplate :
+			!idem_name_list_contains(listed_databases, NameStr(db->datname),
+									 strlen(NameStr(db->datname)), false))
 			continue;
 
 		oldcxt = MemoryContextSwitchTo(cxt);
@@ -330,7 +337,8 @@ launcher_cycle(MemoryContext cxt)
 							target->name),
 					 errhint("Consider increasing the configuration parameter \"%s\".",
 							 "max_worker_processes")));
-			stats_set_reap_error("could not start a background worker: no free slot");
+			idem_stats_reap_failed(target->name,
+								   _("could not start a background worker: no free slot"));
 			break;
 		}
 	}
@@ -370,7 +378,7 @@ idempotency_reaper_launcher_main(Datum main_arg)
 		if (now < last_start)
 			last_start = now;
 		next = TimestampTzPlusMilliseconds(last_start,
-										   (int64) idem_reaper_naptime_s * 1000);
+										   (int64) reaper_naptime_s * 1000);
 		if (now >= next)
 		{
 			last_start = now;
@@ -461,7 +469,7 @@ reap_database(bool *found, int *batches)
 
 		CHECK_FOR_INTERRUPTS();
 		reload_if_requested();
-		batch = idem_reaper_batch;
+		batch = reaper_batch;
 
 		SetCurrentStatementStartTimestamp();
 		StartTransactionCommand();
@@ -472,7 +480,7 @@ reap_database(bool *found, int *batches)
 			if (!*found)
 			{
 				*found = true;
-				stats_add(IDEM_REAPER_RUNS, 1);
+				idem_stats_add(IDEM_REAPER_RUNS, 1);
 				pgstat_report_activity(STATE_RUNNING,
 									   "reaping expired records of idempotency.keys");
 			}
@@ -508,6 +516,8 @@ worker_settings(void)
 	SetConfigOption("lock_timeout", "0", PGC_SUSET, PGC_S_OVERRIDE);
 	SetConfigOption("default_transaction_isolation", "read committed",
 					PGC_SUSET, PGC_S_OVERRIDE);
+	/* A database owner may make the database read-only by default: not for us. */
+	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	/*
 	 * A deletion lost in a crash only leaves an expired record, which claim
@@ -576,14 +586,14 @@ idempotency_reaper_worker_main(Datum main_arg)
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
-		stats_set_reap_error(edata->message);
+		idem_stats_reap_failed(dbname, edata->message);
 		proc_exit(0);
 	}
 	PG_END_TRY();
 	error_context_stack = errcallback.previous;
 
 	if (found)
-		stats_set_reap_error("");
+		idem_stats_reap_succeeded(dbname);
 	if (reaped > 0)
 		ereport(LOG,
 				(errmsg("idempotency reaper deleted %llu expired records in database \"%s\" (batches: %d, elapsed: %.3f s)",
@@ -591,4 +601,30 @@ idempotency_reaper_worker_main(Datum main_arg)
 						(double) (GetCurrentTimestamp() - started) / 1000000.0)));
 	pgstat_report_activity(STATE_IDLE, NULL);
 	proc_exit(0);
+}
+
+/* Deletes up to batch expired records, oldest first, skipping locked ones; counts them. */
+static uint64
+reap_expired(int batch)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	uint64		reaped = idem_keys_reap(batch, now);
+
+	idem_stats_add(IDEM_REAPED, reaped);
+	idem_stats_set_last_reap(now);
+	return reaped;
+}
+
+/* reap(batch): deletes up to batch expired records and returns how many. */
+Datum
+idempotency_reap(PG_FUNCTION_ARGS)
+{
+	int32		batch = PG_ARGISNULL(0) ? reaper_batch : PG_GETARG_INT32(0);
+
+	if (batch <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" must be positive", "batch")));
+	PreventCommandIfReadOnly("idempotency.reap()");
+	PG_RETURN_INT64((int64) reap_expired(batch));
 }

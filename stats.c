@@ -1,21 +1,18 @@
 /*-------------------------------------------------------------------------
  * stats.c
- *	  Shared memory of the idempotency extension: the counters of the
- *	  idempotency.stats view and the condition variables that wake claims
- *	  waiting for an owner to finish.
+ *	  The counters of the idempotency.stats view, in shared memory.
  *
- * Everything here exists only when the library is preloaded; without it the
- * counters read as NULL and waiting claims re-check once a second instead.
+ * They exist only when the library is preloaded; without it they read as
+ * NULL.  Like pg_stat_statements, a call is counted when it happens, also
+ * if its transaction later rolls back.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
-#include "storage/condition_variable.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
@@ -24,93 +21,117 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "idempotency.h"
+#include "stats.h"
 
-/* Claims hash onto this many condition variables; a collision only wakes a waiter early. */
-#define WAIT_SLOTS 128
-
-typedef struct IdemShared
+typedef struct IdemStats
 {
 	pg_atomic_uint64 counters[IDEM_NUM_COUNTERS];
 	pg_atomic_uint64 last_reap_at;	/* TimestampTz, 0 when never */
 	pg_atomic_uint64 stats_reset_at;	/* TimestampTz */
-	slock_t		error_lock;		/* protects last_reap_error */
-	char		last_reap_error[256];	/* "" when the last run succeeded */
-	ConditionVariable wait_cv[WAIT_SLOTS];
-} IdemShared;
+	slock_t		error_lock;		/* protects the two fields below */
+	char		error_db[NAMEDATALEN];	/* where the reaper last failed */
+	char		error[256];		/* "" when it has not failed since */
+} IdemStats;
 
-static IdemShared *shared = NULL;
+static IdemStats *stats = NULL;
 
-/* Slots to broadcast when the current transaction commits. */
-static uint32 pending_wakes[8];
-static int	n_pending_wakes = 0;
-static bool wake_all_at_commit = false;
-static bool xact_callback_registered = false;
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+#endif
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 PG_FUNCTION_INFO_V1(idempotency_stats_counters);
 PG_FUNCTION_INFO_V1(idempotency_stats_reset);
 
-/* Asks for the shared memory this file needs. */
-void
+/* Asks for the shared memory of the counters. */
+static void
 stats_shmem_request(void)
 {
-	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemShared)));
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+#endif
+	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemStats)));
 }
 
-/* Attaches to (or creates) the shared memory at postmaster or backend start. */
-void
+/* Creates or attaches to the counters at postmaster or backend start. */
+static void
 stats_shmem_startup(void)
 {
 	bool		found;
 
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	shared = ShmemInitStruct("idempotency", sizeof(IdemShared), &found);
+	stats = ShmemInitStruct("idempotency stats", sizeof(IdemStats), &found);
 	if (!found)
 	{
 		for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
-			pg_atomic_init_u64(&shared->counters[i], 0);
-		pg_atomic_init_u64(&shared->last_reap_at, 0);
-		pg_atomic_init_u64(&shared->stats_reset_at, (uint64) GetCurrentTimestamp());
-		SpinLockInit(&shared->error_lock);
-		shared->last_reap_error[0] = '\0';
-		for (int i = 0; i < WAIT_SLOTS; i++)
-			ConditionVariableInit(&shared->wait_cv[i]);
+			pg_atomic_init_u64(&stats->counters[i], 0);
+		pg_atomic_init_u64(&stats->last_reap_at, 0);
+		pg_atomic_init_u64(&stats->stats_reset_at, (uint64) GetCurrentTimestamp());
+		SpinLockInit(&stats->error_lock);
+		stats->error_db[0] = '\0';
+		stats->error[0] = '\0';
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
 
-/* Tells whether shared memory exists, i.e. the library was preloaded. */
-bool
-stats_available(void)
+/* Installs the shared memory hooks; called from _PG_init. */
+void
+idem_stats_init(void)
 {
-	return shared != NULL;
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = stats_shmem_request;
+#else
+	stats_shmem_request();
+#endif
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = stats_shmem_startup;
 }
 
 /* Adds n to a counter; a no-op without preloading. */
 void
-stats_add(IdemCounter counter, uint64 n)
+idem_stats_add(IdemCounter counter, uint64 n)
 {
-	if (shared)
-		pg_atomic_fetch_add_u64(&shared->counters[counter], n);
+	if (stats)
+		pg_atomic_fetch_add_u64(&stats->counters[counter], n);
 }
 
 /* Records when the reaper (or reap()) last ran. */
 void
-stats_set_last_reap(TimestampTz at)
+idem_stats_set_last_reap(TimestampTz at)
 {
-	if (shared)
-		pg_atomic_write_u64(&shared->last_reap_at, (uint64) at);
+	if (stats)
+		pg_atomic_write_u64(&stats->last_reap_at, (uint64) at);
 }
 
-/* Records the message of the reaper's last failure, or "" after a success. */
+/* Records that the reaper failed in database dbname, and why. */
 void
-stats_set_reap_error(const char *message)
+idem_stats_reap_failed(const char *dbname, const char *message)
 {
-	if (!shared)
+	if (!stats)
 		return;
-	SpinLockAcquire(&shared->error_lock);
-	strlcpy(shared->last_reap_error, message, sizeof(shared->last_reap_error));
-	SpinLockRelease(&shared->error_lock);
+	SpinLockAcquire(&stats->error_lock);
+	strlcpy(stats->error_db, dbname, sizeof(stats->error_db));
+	strlcpy(stats->error, message, sizeof(stats->error));
+	SpinLockRelease(&stats->error_lock);
+}
+
+/* Forgets the last failure when it was in dbname, where a run just succeeded. */
+void
+idem_stats_reap_succeeded(const char *dbname)
+{
+	if (!stats)
+		return;
+	SpinLockAcquire(&stats->error_lock);
+	if (strcmp(stats->error_db, dbname) == 0)
+		stats->error[0] = '\0';
+	SpinLockRelease(&stats->error_lock);
 }
 
 /* Returns the counters as one row, all NULL without preloading. */
@@ -120,7 +141,8 @@ idempotency_stats_counters(PG_FUNCTION_ARGS)
 	TupleDesc	tupdesc;
 	Datum		values[IDEM_NUM_COUNTERS + 3];
 	bool		nulls[IDEM_NUM_COUNTERS + 3];
-	char		error[sizeof(shared->last_reap_error)];
+	char		error_db[NAMEDATALEN];
+	char		error[sizeof(stats->error)];
 	uint64		ts;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
@@ -129,20 +151,23 @@ idempotency_stats_counters(PG_FUNCTION_ARGS)
 		elog(ERROR, "stats function returns %d columns, expected %d",
 			 tupdesc->natts, (int) lengthof(values));
 
-	memset(nulls, !shared, sizeof(nulls));
-	if (shared)
+	memset(nulls, !stats, sizeof(nulls));
+	if (stats)
 	{
 		for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
-			values[i] = Int64GetDatum((int64) pg_atomic_read_u64(&shared->counters[i]));
-		ts = pg_atomic_read_u64(&shared->last_reap_at);
+			values[i] = Int64GetDatum((int64) pg_atomic_read_u64(&stats->counters[i]));
+		ts = pg_atomic_read_u64(&stats->last_reap_at);
 		values[IDEM_NUM_COUNTERS] = TimestampTzGetDatum((TimestampTz) ts);
 		nulls[IDEM_NUM_COUNTERS] = (ts == 0);
 		values[IDEM_NUM_COUNTERS + 1] =
-			TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64(&shared->stats_reset_at));
-		SpinLockAcquire(&shared->error_lock);
-		strlcpy(error, shared->last_reap_error, sizeof(error));
-		SpinLockRelease(&shared->error_lock);
-		values[IDEM_NUM_COUNTERS + 2] = CStringGetTextDatum(error);
+			TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64(&stats->stats_reset_at));
+		SpinLockAcquire(&stats->error_lock);
+		strlcpy(error_db, stats->error_db, sizeof(error_db));
+		strlcpy(error, stats->error, sizeof(error));
+		SpinLockRelease(&stats->error_lock);
+		if (error[0] != '\0')
+			values[IDEM_NUM_COUNTERS + 2] =
+				CStringGetTextDatum(psprintf(_("in database \"%s\": %s"), error_db, error));
 		nulls[IDEM_NUM_COUNTERS + 2] = (error[0] == '\0');
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
@@ -152,92 +177,17 @@ idempotency_stats_counters(PG_FUNCTION_ARGS)
 Datum
 idempotency_stats_reset(PG_FUNCTION_ARGS)
 {
-	if (!shared)
+	if (!stats)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("idempotency statistics are not available"),
 				 errhint("Add idempotency to shared_preload_libraries and restart the server.")));
 	for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
-		pg_atomic_write_u64(&shared->counters[i], 0);
-	pg_atomic_write_u64(&shared->last_reap_at, 0);
-	stats_set_reap_error("");
-	pg_atomic_write_u64(&shared->stats_reset_at, (uint64) GetCurrentTimestamp());
+		pg_atomic_write_u64(&stats->counters[i], 0);
+	pg_atomic_write_u64(&stats->last_reap_at, 0);
+	SpinLockAcquire(&stats->error_lock);
+	stats->error[0] = '\0';
+	SpinLockRelease(&stats->error_lock);
+	pg_atomic_write_u64(&stats->stats_reset_at, (uint64) GetCurrentTimestamp());
 	PG_RETURN_VOID();
-}
-
-/* Broadcasts the slots queued by this transaction once it has committed. */
-static void
-wake_at_commit_callback(XactEvent event, void *arg)
-{
-	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT)
-	{
-		if (wake_all_at_commit)
-			for (int i = 0; i < WAIT_SLOTS; i++)
-				ConditionVariableBroadcast(&shared->wait_cv[i]);
-		else
-			for (int i = 0; i < n_pending_wakes; i++)
-				ConditionVariableBroadcast(&shared->wait_cv[pending_wakes[i]]);
-	}
-	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT ||
-		event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
-	{
-		n_pending_wakes = 0;
-		wake_all_at_commit = false;
-	}
-}
-
-/* Queues a wake-up of the claims waiting on keyhash, for when this transaction commits. */
-void
-wait_wake_at_commit(uint32 keyhash)
-{
-	uint32		slot = keyhash % WAIT_SLOTS;
-
-	if (!shared)
-		return;
-	if (!xact_callback_registered)
-	{
-		RegisterXactCallback(wake_at_commit_callback, NULL);
-		xact_callback_registered = true;
-	}
-	for (int i = 0; i < n_pending_wakes; i++)
-		if (pending_wakes[i] == slot)
-			return;
-	if (n_pending_wakes < lengthof(pending_wakes))
-		pending_wakes[n_pending_wakes++] = slot;
-	else
-		wake_all_at_commit = true;	/* a transaction that ends many claims */
-}
-
-/* Registers interest in keyhash before the caller checks the record again. */
-void
-wait_prepare(uint32 keyhash)
-{
-	if (shared)
-		ConditionVariablePrepareToSleep(&shared->wait_cv[keyhash % WAIT_SLOTS]);
-}
-
-/*
- * Sleeps until the slot of keyhash is broadcast or timeout_ms passes.
- * Without shared memory it is a plain latch wait.  Returns true on timeout.
- */
-bool
-wait_sleep(uint32 keyhash, long timeout_ms)
-{
-	if (shared)
-		return ConditionVariableTimedSleep(&shared->wait_cv[keyhash % WAIT_SLOTS],
-										   timeout_ms, PG_WAIT_EXTENSION);
-
-	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					 timeout_ms, PG_WAIT_EXTENSION);
-	ResetLatch(MyLatch);
-	CHECK_FOR_INTERRUPTS();
-	return true;
-}
-
-/* Ends a sleep prepared with wait_prepare. */
-void
-wait_cancel(void)
-{
-	if (shared)
-		ConditionVariableCancelSleep();
 }

@@ -113,9 +113,9 @@ set_index() {
 load_expired() {
 	rpsql -c 'TRUNCATE idempotency.keys' -c "
 		INSERT INTO idempotency.keys (fence, created_at, expires_at, completed_at,
-			lease, attempt, status_code, state, scope, key, fingerprint, headers, body)
+			lease, attempt, status_code, state, owner, scope, key, fingerprint, headers, body)
 		SELECT nextval('idempotency.fence_seq'), t - interval '1 day', t, t - interval '1 day',
-			interval '1 min', 1, 201, 'completed', 'tenant-' || g % 100,
+			interval '1 min', 1, 201, 'completed', current_user::text::regrole, 'tenant-' || g % 100,
 			gen_random_uuid()::text, sha256(int8send(g)),
 			'{\"content-type\": \"application/json\"}',
 			convert_to('{\"payment_id\":\"pay_' || g || '\",\"status\":\"succeeded\"}', 'UTF8')

@@ -44,6 +44,6 @@ install_packages() {
 
 # Builds the extension and installs it into the server's directories.
 build_and_install() {
-	make -s PG_CONFIG="$PG_CONFIG"
+	make -s COPT=-Werror PG_CONFIG="$PG_CONFIG"
 	as_root make -s install PG_CONFIG="$PG_CONFIG"
 }

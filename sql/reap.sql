@@ -21,12 +21,14 @@ SELECT idempotency.reap() AS reaped;
 SELECT k, c.outcome, idempotency.complete(k, c.fence, 200) AS completed
 FROM (VALUES ('completed-expired', interval '1 ms'),
              ('completed-live', interval '1 hour')) v(k, r),
-     LATERAL idempotency.claim(k, '\x01', retention => r) c;
-SELECT k, c.outcome
+     LATERAL idempotency.claim(k, '\x01', lease => r, retention => r) c;
+-- a lease longer than the retention: extended after the claim
+SELECT k, c.outcome,
+       CASE WHEN l > r THEN idempotency.extend(k, c.fence, l) > clock_timestamp() END AS extended
 FROM (VALUES ('in-progress-both-ended', interval '1 ms', interval '1 ms'),
              ('in-progress-lease-live', interval '1 hour', interval '1 ms'),
              ('in-progress-retention-live', interval '1 ms', interval '1 hour')) v(k, l, r),
-     LATERAL idempotency.claim(k, '\x01', lease => l, retention => r) c;
+     LATERAL idempotency.claim(k, '\x01', lease => LEAST(l, r), retention => r) c;
 SELECT pg_sleep(0.05);
 
 -- the completed record past its retention, and the in_progress one past
@@ -48,7 +50,7 @@ SELECT k, c.outcome, idempotency.complete(k, c.fence, 200) AS completed
 FROM (VALUES ('expires-5th', interval '500 ms'), ('expires-4th', interval '400 ms'),
              ('expires-3rd', interval '300 ms'), ('expires-2nd', interval '200 ms'),
              ('expires-1st', interval '100 ms')) v(k, r),
-     LATERAL idempotency.claim(k, '\x01', retention => r) c;
+     LATERAL idempotency.claim(k, '\x01', lease => r, retention => r) c;
 SELECT pg_sleep(0.6);
 SELECT idempotency.reap(2) AS reaped;
 SELECT key FROM idempotency.keys WHERE key LIKE 'expires-%' ORDER BY key;

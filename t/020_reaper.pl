@@ -36,14 +36,15 @@ for my $db (@dbs)
 	$node->safe_psql($db, q{
 		CREATE EXTENSION idempotency;
 		SELECT idempotency.complete('done', fence, 200, 'x')
-		FROM idempotency.claim('done', '\x01', retention => '1 ms');
+		FROM idempotency.claim('done', '\x01', lease => '1 ms', retention => '1 ms');
 		SELECT idempotency.claim('dead', '\x01', lease => '1 ms', retention => '1 ms');
 		SELECT count(idempotency.claim('bulk' || g, '\x01', lease => '1 ms',
 									   retention => '1 ms'))
 		FROM generate_series(1, 2000) g;
 		SELECT idempotency.complete('live', fence, 200, 'x')
 		FROM idempotency.claim('live', '\x01');
-		SELECT idempotency.claim('leased', '\x01', lease => '1 h', retention => '1 ms');
+		SELECT idempotency.extend('leased', fence, '1 h')
+		FROM idempotency.claim('leased', '\x01', lease => '1 ms', retention => '1 ms');
 		SELECT idempotency.claim('abandoned', '\x01', lease => '1 ms', retention => '1 h');
 		SELECT pg_sleep(0.05);
 	});

@@ -27,10 +27,11 @@ sub add_expired
 	my ($db, $n) = @_;
 	$node->safe_psql($db, qq{
 		INSERT INTO idempotency.keys (fence, created_at, expires_at, completed_at,
-			lease, attempt, status_code, state, scope, key, fingerprint)
+			lease, attempt, status_code, state, owner, scope, key, fingerprint)
 		SELECT nextval('idempotency.fence_seq'), now() - interval '2 days',
 			now() - interval '1 day' + g * interval '1 ms', now() - interval '2 days',
-			interval '1 min', 1, 200, 'completed', '', 'expired' || g, '\\x01'
+			interval '1 min', 1, 200, 'completed', current_user::text::regrole, '',
+			'expired' || g, '\\x01'
 		FROM generate_series(1, $n) g});
 }
 

@@ -37,18 +37,20 @@ $node->safe_psql('postgres', q{
 	FROM generate_series(1, 200) g;
 	SELECT count(idempotency.claim('abandoned' || g, '\x03', lease => '1 ms'))
 	FROM generate_series(1, 200) g;
-	SELECT count(idempotency.claim('leased' || g, '\x04', lease => '1 h',
-								   retention => '1 ms'))
-	FROM generate_series(1, 200) g;
+	SELECT count(idempotency.extend('leased' || g, c.fence, '1 h'))
+	FROM generate_series(1, 200) g,
+		 LATERAL idempotency.claim('leased' || g, '\x04', lease => '1 ms',
+								   retention => '1 ms') c;
 });
 
 # The expired records, interleaved by expires_at with nothing live.
 $node->safe_psql('postgres', qq{
 	INSERT INTO idempotency.keys (fence, created_at, expires_at, completed_at,
-		lease, attempt, status_code, state, scope, key, fingerprint, body)
+		lease, attempt, status_code, state, owner, scope, key, fingerprint, body)
 	SELECT nextval('idempotency.fence_seq'), now() - interval '2 days',
 		now() - interval '1 day' + g * interval '1 ms', now() - interval '2 days',
-		interval '1 min', 1, 200, 'completed', 'tenant' || g % 7, 'expired' || g,
+		interval '1 min', 1, 200, 'completed', current_user::text::regrole,
+		'tenant' || g % 7, 'expired' || g,
 		'\\x01', '\\x00ff'
 	FROM generate_series(1, $expired) g});
 

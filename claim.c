@@ -1,0 +1,407 @@
+/*-------------------------------------------------------------------------
+ * claim.c
+ *	  claim(): decides whether to run a request, and waits when asked to.
+ *
+ * A claim reads the record (keys.c, a direct primary-key lookup) and
+ * decides, in the design's order: an expired record counts as absent; a
+ * different fingerprint is a mismatch; a completed record is a replay; a
+ * live lease is in progress; an ended lease is a takeover.  Only `new`
+ * writes: it first takes the key's lock (waiting for another transaction
+ * that is writing the record, and then reading the record and the clock
+ * again), then makes one conditional write; the unique index and the
+ * write's own WHERE clause settle any race, and a write that a concurrent
+ * transaction made moot sends the claim round again.  Replays, mismatches
+ * and in_progress answers write nothing.
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "portability/instr_time.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "args.h"
+#include "idempotency.h"
+#include "keys.h"
+#include "stats.h"
+#include "wait.h"
+
+/* A claim that keeps losing races to concurrent writers gives up with 40001. */
+#define CLAIM_MAX_TRIES 16
+
+/* Longest single sleep of a waiting claim: a safety net for missed wake-ups. */
+#define WAIT_MAX_SLEEP_MS 1000
+
+typedef enum ClaimOutcome
+{
+	CLAIM_NEW,
+	CLAIM_REPLAY,
+	CLAIM_IN_PROGRESS,
+	CLAIM_MISMATCH
+} ClaimOutcome;
+
+static const char *const outcome_names[] = {"new", "replay", "in_progress", "mismatch"};
+
+/* The columns of claim's result row. */
+enum
+{
+	OUT_OUTCOME, OUT_FENCE, OUT_ATTEMPT, OUT_STATUS_CODE, OUT_HEADERS, OUT_BODY,
+	OUT_RECOVERY_POINT, OUT_RECOVERY_STATE, OUT_RETRY_AFTER, OUT_CREATED_AT,
+	NUM_OUT
+};
+
+/* What a record tells a claim to do. */
+typedef enum ClaimStep
+{
+	STEP_ANSWER,				/* replay, in_progress or mismatch: no write */
+	STEP_INSERT,				/* no record the caller sees, or another's expired one */
+	STEP_RESET,					/* the caller's own expired record */
+	STEP_TAKEOVER				/* a lease that ended */
+} ClaimStep;
+
+typedef struct ClaimArgs
+{
+	text	   *scope;
+	text	   *key;
+	bytea	   *fingerprint;
+	Interval   *lease;
+	Interval   *retention;
+	uint64		keyhash;
+} ClaimArgs;
+
+typedef struct ClaimResult
+{
+	ClaimOutcome outcome;
+	bool		takeover;
+	/* for in_progress: when the lease ends; DT_NOBEGIN while not yet committed */
+	TimestampTz lease_expires_at;
+	Datum		values[NUM_OUT];
+	bool		nulls[NUM_OUT];
+} ClaimResult;
+
+PG_FUNCTION_INFO_V1(idempotency_claim);
+
+/* Sets column col of the result. */
+static void
+set_out(ClaimResult *r, int col, Datum value)
+{
+	r->values[col] = value;
+	r->nulls[col] = false;
+}
+
+/* Sets a varlena column of the result, leaving it NULL for a NULL pointer. */
+static void
+set_out_varlena(ClaimResult *r, int col, void *value)
+{
+	if (value != NULL)
+		set_out(r, col, PointerGetDatum(value));
+}
+
+/*
+ * Decides what the record (found or not) tells the claim at time now; for
+ * an answer, fills it in.
+ */
+static ClaimStep
+decide(const IdemRecord *rec, bool found, Oid caller, TimestampTz now, ClaimResult *r)
+{
+	if (!found)
+		return STEP_INSERT;
+	if (rec->expires_at <= now && (rec->completed || rec->lease_expires_at <= now))
+		return rec->owner == caller ? STEP_RESET : STEP_INSERT;
+
+	set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(rec->created_at));
+	if (!rec->same_fingerprint)
+		r->outcome = CLAIM_MISMATCH;
+	else if (rec->completed)
+	{
+		r->outcome = CLAIM_REPLAY;
+		set_out(r, OUT_STATUS_CODE, Int32GetDatum(rec->status_code));
+		set_out_varlena(r, OUT_HEADERS, rec->headers);
+		set_out_varlena(r, OUT_BODY, rec->body);
+	}
+	else if (rec->lease_expires_at > now)
+	{
+		r->outcome = CLAIM_IN_PROGRESS;
+		r->lease_expires_at = rec->lease_expires_at;
+	}
+	else
+		return STEP_TAKEOVER;
+	return STEP_ANSWER;
+}
+
+/* Makes the write of step; fills in a `new` answer and returns true when it won. */
+static bool
+write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord *rec,
+			TimestampTz now, ClaimResult *r)
+{
+	int64		fence;
+	IdemTakeover t;
+
+	switch (step)
+	{
+		case STEP_INSERT:
+		case STEP_RESET:
+			if (!(step == STEP_INSERT ?
+				  idem_keys_insert(a->scope, a->key, call->caller, a->fingerprint,
+								   a->lease, a->retention, now, &fence) :
+				  idem_keys_reset(a->scope, a->key, call->caller, a->fingerprint,
+								  a->lease, a->retention, now, &fence)))
+				return false;
+			set_out(r, OUT_FENCE, Int64GetDatum(fence));
+			set_out(r, OUT_ATTEMPT, Int32GetDatum(1));
+			set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(now));
+			break;
+		case STEP_TAKEOVER:
+			if (!idem_keys_takeover(call, a->scope, a->key, rec->owner, rec->fence,
+									a->lease, now, &t))
+				return false;
+			set_out(r, OUT_FENCE, Int64GetDatum(t.fence));
+			set_out(r, OUT_ATTEMPT, Int32GetDatum(t.attempt));
+			set_out_varlena(r, OUT_RECOVERY_POINT, t.recovery_point);
+			set_out_varlena(r, OUT_RECOVERY_STATE, t.recovery_state);
+			set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(t.created_at));
+			r->takeover = true;
+			break;
+		case STEP_ANSWER:
+			elog(ERROR, "a claim's answer is not a write");
+	}
+	r->outcome = CLAIM_NEW;
+	return true;
+}
+
+/*
+ * Decides one claim.  A claim that must write takes the key's lock first;
+ * when another transaction held it (an uncommitted claim or complete of the
+ * same key), the claim reads the record and the clock again after that
+ * transaction ended, so that it answers from what committed and its lease
+ * starts when it wins.  lock_timeout_ms bounds that wait (< 0: only
+ * lock_timeout does); when it runs out the answer is in_progress.
+ */
+static void
+claim_once(const ClaimArgs *a, IdemCall *call, long lock_timeout_ms, TimestampTz *now,
+		   ClaimResult *r)
+{
+	bool		locked = false;
+
+	for (int tries = 0; tries < CLAIM_MAX_TRIES; tries++)
+	{
+		IdemRecord	rec;
+		bool		found;
+		ClaimStep	step;
+
+		memset(r->nulls, true, sizeof(r->nulls));
+		r->takeover = false;
+
+		found = idem_keys_fetch(call, a->scope, a->key, a->fingerprint, *now, &rec);
+		step = decide(&rec, found, call->caller, *now, r);
+		if (step == STEP_ANSWER)
+			return;
+		if (!locked)
+		{
+			IdemLockResult got = idem_keys_lock(a->keyhash, lock_timeout_ms);
+
+			if (got == IDEM_LOCK_TIMED_OUT)
+			{
+				r->outcome = CLAIM_IN_PROGRESS;
+				r->lease_expires_at = DT_NOBEGIN;
+				return;
+			}
+			locked = true;
+			if (got == IDEM_LOCK_AFTER_WAIT)
+			{
+				*now = GetCurrentTimestamp();
+				continue;
+			}
+		}
+		if (write_claim(step, a, call, &rec, *now, r))
+			return;
+		/* A concurrent transaction committed first, or reap took the record. */
+		*now = GetCurrentTimestamp();
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not claim idempotency key \"%s\" because of concurrent updates",
+					text_to_cstring(a->key)),
+			 errhint("Retry the claim.")));
+}
+
+/* Whole seconds until the lease ends, at least 1 (1 when not known yet). */
+static int32
+retry_after_seconds(TimestampTz lease_expires_at, TimestampTz now)
+{
+	int64		secs;
+
+	if (lease_expires_at == DT_NOBEGIN)
+		return 1;
+	secs = (lease_expires_at - now + USECS_PER_SEC - 1) / USECS_PER_SEC;
+	return (int32) Max(1, Min(secs, PG_INT32_MAX));
+}
+
+/* Counts a claim's answer in the statistics. */
+static void
+count_claim(const ClaimResult *r, bool waited)
+{
+	static const IdemCounter counters[] = {
+		IDEM_CLAIMS_NEW, IDEM_CLAIMS_REPLAY, IDEM_CLAIMS_IN_PROGRESS, IDEM_CLAIMS_MISMATCH
+	};
+
+	idem_stats_add(counters[r->outcome], 1);
+	if (r->takeover)
+		idem_stats_add(IDEM_TAKEOVERS, 1);
+	if (waited)
+		idem_stats_add(IDEM_WAITS, 1);
+}
+
+/*
+ * Returns claim's blessed result descriptor, built once per backend (per
+ * function OID, so a recreated extension gets a new one).
+ */
+static TupleDesc
+claim_result_desc(FunctionCallInfo fcinfo)
+{
+	static Oid	desc_fn_oid = InvalidOid;
+	static TupleDesc desc = NULL;
+	TupleDesc	tupdesc;
+	MemoryContext old;
+
+	if (desc && desc_fn_oid == fcinfo->flinfo->fn_oid)
+		return desc;
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
+	MemoryContextSwitchTo(old);
+	if (desc)
+		FreeTupleDesc(desc);
+	desc = tupdesc;
+	desc_fn_oid = fcinfo->flinfo->fn_oid;
+	return desc;
+}
+
+/* Milliseconds left of a wait of wait_ms that started at start. */
+static double
+wait_left_ms(double wait_ms, instr_time start)
+{
+	instr_time	elapsed;
+
+	INSTR_TIME_SET_CURRENT(elapsed);
+	INSTR_TIME_SUBTRACT(elapsed, start);
+	return wait_ms - INSTR_TIME_GET_MILLISEC(elapsed);
+}
+
+/*
+ * Claims, and while the answer is in_progress and wait_ms lasts, waits: on
+ * the key's lock while another transaction writes the record (so that a
+ * prepared complete is seen when it commits), else on the key's condition
+ * variable, woken when a complete or release commits, or until the lease
+ * ends.  Returns whether it waited.
+ */
+static bool
+claim_and_wait(const ClaimArgs *a, IdemCall *call, double wait_ms, TimestampTz *now,
+			   ClaimResult *r)
+{
+	instr_time	start;
+	bool		prepared = false;
+	bool		waited = false;
+
+	/* The wait is measured on the monotonic clock, immune to clock steps. */
+	INSTR_TIME_SET_CURRENT(start);
+	for (;;)
+	{
+		double		left_ms = wait_left_ms(wait_ms, start);
+		double		lease_ms;
+
+		claim_once(a, call, wait_ms > 0 ? (long) Max(left_ms, 0) : -1, now, r);
+		left_ms = wait_left_ms(wait_ms, start);
+		if (r->outcome != CLAIM_IN_PROGRESS || r->lease_expires_at == DT_NOBEGIN ||
+			left_ms <= 0)
+			break;
+		if (!prepared)
+		{
+			/* Look once more after registering, so no wake-up falls between. */
+			idem_wait_prepare(a->keyhash);
+			prepared = true;
+			continue;
+		}
+		switch (idem_keys_wait_for_writer(a->keyhash, (long) Max(left_ms, 1)))
+		{
+			case IDEM_WRITER_STILL_THERE:
+				waited = true;
+				goto done;
+			case IDEM_WRITER_ENDED:
+				waited = true;
+				*now = GetCurrentTimestamp();
+				continue;
+			case IDEM_NO_WRITER:
+				break;
+		}
+		lease_ms = (r->lease_expires_at - *now) / 1000.0 + 1;
+		idem_wait_sleep(a->keyhash, (long) Max(1, Min(Min(left_ms, lease_ms), WAIT_MAX_SLEEP_MS)));
+		waited = true;
+		*now = GetCurrentTimestamp();
+	}
+done:
+	if (prepared)
+		idem_wait_cancel();
+	return waited;
+}
+
+/*
+ * claim(key, fingerprint, scope, lease, retention, wait): decides whether to
+ * run a request; with wait, an in_progress answer first waits for up to
+ * that long.
+ */
+Datum
+idempotency_claim(PG_FUNCTION_ARGS)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	ClaimArgs	a;
+	ClaimResult r;
+	IdemCall	call;
+	TupleDesc	tupdesc;
+	double		wait_ms;
+	bool		waited;
+
+	a.key = idem_arg_key(fcinfo, 0);
+	a.fingerprint = idem_arg_fingerprint(fcinfo, 1);
+	a.scope = idem_arg_scope(fcinfo, 2);
+	a.lease = idem_arg_lease(fcinfo, 3, now, true);
+	a.retention = idem_arg_retention(fcinfo, 4, now);
+	if (idem_interval_end(now, a.retention) < idem_interval_end(now, a.lease))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retention must not be shorter than the lease"),
+				 errdetail("A response stored at the end of the lease must still be there to be replayed.")));
+	wait_ms = idem_arg_wait_ms(fcinfo, 5, now);
+	a.keyhash = idem_key_hash(a.scope, a.key);
+
+	tupdesc = claim_result_desc(fcinfo);
+	PreventCommandIfReadOnly("idempotency.claim()");
+
+	/*
+	 * Under REPEATABLE READ or SERIALIZABLE the snapshot would hide the
+	 * owner's complete or release, so such a claim does not wait for them.
+	 */
+	if (IsolationUsesXactSnapshot())
+		wait_ms = 0;
+
+	idem_call_begin(&call);
+	waited = claim_and_wait(&a, &call, wait_ms, &now, &r);
+	idem_call_end(&call);
+	if (r.outcome == CLAIM_NEW && synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
+		idem_keys_flush_fence();
+
+	if (r.outcome == CLAIM_IN_PROGRESS)
+		set_out(&r, OUT_RETRY_AFTER,
+				Int32GetDatum(retry_after_seconds(r.lease_expires_at, now)));
+	set_out(&r, OUT_OUTCOME, CStringGetTextDatum(outcome_names[r.outcome]));
+	count_claim(&r, waited);
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, r.values, r.nulls)));
+}

@@ -1,0 +1,183 @@
+/*-------------------------------------------------------------------------
+ * wait.c
+ *	  Claims waiting for an owner to finish: shared condition variables,
+ *	  broadcast when a complete or release commits.
+ *
+ * A claim with `wait` that meets a live lease sleeps on the condition
+ * variable of its key's slot.  complete() and release() queue a broadcast
+ * of that slot for when their transaction commits (or is prepared: a
+ * waiter then finds the key's lock held by the prepared transaction and
+ * waits on that lock, which COMMIT PREPARED releases).  Without preloading
+ * there is no shared memory: a waiting claim then re-checks at least once
+ * a second.
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "storage/condition_variable.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+
+#include "compat.h"
+#include "wait.h"
+
+/* Keys hash onto this many condition variables; a collision only wakes a waiter early. */
+#define WAIT_SLOTS 128
+
+typedef struct IdemWaitSlots
+{
+	ConditionVariable cv[WAIT_SLOTS];
+} IdemWaitSlots;
+
+static IdemWaitSlots *slots = NULL;
+
+/* Slots to broadcast when the current transaction commits. */
+static uint32 pending_wakes[8];
+static int	n_pending_wakes = 0;
+static bool wake_all_at_commit = false;
+static bool xact_callback_registered = false;
+
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+#endif
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/* Asks for the shared memory of the condition variables. */
+static void
+wait_shmem_request(void)
+{
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+#endif
+	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemWaitSlots)));
+}
+
+/* Creates or attaches to the condition variables. */
+static void
+wait_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	slots = ShmemInitStruct("idempotency wait slots", sizeof(IdemWaitSlots), &found);
+	if (!found)
+		for (int i = 0; i < WAIT_SLOTS; i++)
+			ConditionVariableInit(&slots->cv[i]);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* Installs the shared memory hooks; called from _PG_init. */
+void
+idem_wait_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = wait_shmem_request;
+#else
+	wait_shmem_request();
+#endif
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = wait_shmem_startup;
+}
+
+/* Returns the slot where claims of keyhash sleep. */
+static ConditionVariable *
+slot_of(uint64 keyhash)
+{
+	return &slots->cv[keyhash % WAIT_SLOTS];
+}
+
+/*
+ * Broadcasts the slots queued by this transaction once it has committed or
+ * been prepared, and forgets them when it ends.
+ */
+static void
+wake_at_commit_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+			if (wake_all_at_commit)
+				for (int i = 0; i < WAIT_SLOTS; i++)
+					ConditionVariableBroadcast(&slots->cv[i]);
+			else
+				for (int i = 0; i < n_pending_wakes; i++)
+					ConditionVariableBroadcast(&slots->cv[pending_wakes[i]]);
+			/* FALLTHROUGH */
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			n_pending_wakes = 0;
+			wake_all_at_commit = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/* Queues a wake-up of the claims waiting on keyhash, for when this transaction commits. */
+void
+idem_wait_wake_at_commit(uint64 keyhash)
+{
+	uint32		slot = keyhash % WAIT_SLOTS;
+
+	if (!slots)
+		return;
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(wake_at_commit_callback, NULL);
+		xact_callback_registered = true;
+	}
+	for (int i = 0; i < n_pending_wakes; i++)
+		if (pending_wakes[i] == slot)
+			return;
+	if (n_pending_wakes < (int) lengthof(pending_wakes))
+		pending_wakes[n_pending_wakes++] = slot;
+	else
+		wake_all_at_commit = true;	/* a transaction that ends many claims */
+}
+
+/* Registers interest in keyhash before the caller checks the record again. */
+void
+idem_wait_prepare(uint64 keyhash)
+{
+	if (slots)
+		ConditionVariablePrepareToSleep(slot_of(keyhash));
+}
+
+/*
+ * Sleeps until the slot of keyhash is broadcast or timeout_ms passes;
+ * without shared memory, a plain latch wait.
+ */
+void
+idem_wait_sleep(uint64 keyhash, long timeout_ms)
+{
+	if (slots)
+	{
+		(void) ConditionVariableTimedSleep(slot_of(keyhash), timeout_ms, PG_WAIT_EXTENSION);
+		return;
+	}
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 timeout_ms, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
+}
+
+/* Ends a sleep prepared with idem_wait_prepare. */
+void
+idem_wait_cancel(void)
+{
+	if (slots)
+		ConditionVariableCancelSleep();
+}
