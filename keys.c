@@ -386,12 +386,13 @@ key_lock_tag(LOCKTAG *tag, uint64 keyhash)
 /*
  * Waits up to timeout_ms for a lock that is taken, in a subtransaction in
  * which lock_timeout is at most timeout_ms, so that the timeout can be
- * caught.  Returns whether the lock is held.  An error other than our own
- * timeout (a cancel, a deadlock, the caller's shorter lock_timeout) is
- * raised again.
+ * caught.  Returns whether it got the lock; keep: whether it holds it now
+ * (for the rest of the transaction), else it released it at once.  An error
+ * other than our own timeout (a cancel, a deadlock, the caller's shorter
+ * lock_timeout) is raised again.
  */
 static bool
-acquire_within(const LOCKTAG *tag, long timeout_ms)
+acquire_within(const LOCKTAG *tag, long timeout_ms, bool keep)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
@@ -409,7 +410,9 @@ acquire_within(const LOCKTAG *tag, long timeout_ms)
 			LockTimeout = (int) Min(timeout_ms, INT_MAX);
 		(void) LockAcquire(tag, ExclusiveLock, false, false);
 		LockTimeout = saved_lock_timeout;
-		/* The lock passes to the parent transaction. */
+		/* Released here, by its owner; or kept, passing to the parent transaction. */
+		if (!keep)
+			LockRelease(tag, ExclusiveLock, false);
 		ReleaseCurrentSubTransaction();
 		held = true;
 	}
@@ -452,7 +455,7 @@ idem_keys_lock(uint64 keyhash, long timeout_ms)
 		(void) LockAcquire(&tag, ExclusiveLock, false, false);
 		return IDEM_LOCK_AFTER_WAIT;
 	}
-	if (timeout_ms > 0 && acquire_within(&tag, timeout_ms))
+	if (acquire_within(&tag, timeout_ms, true))
 		return IDEM_LOCK_AFTER_WAIT;
 	return IDEM_LOCK_TIMED_OUT;
 }
@@ -479,10 +482,7 @@ idem_keys_wait_for_writer(uint64 keyhash, long timeout_ms)
 		default:
 			break;
 	}
-	if (!acquire_within(&tag, timeout_ms))
-		return IDEM_WRITER_STILL_THERE;
-	LockRelease(&tag, ExclusiveLock, false);
-	return IDEM_WRITER_ENDED;
+	return acquire_within(&tag, timeout_ms, false) ? IDEM_WRITER_ENDED : IDEM_WRITER_STILL_THERE;
 }
 
 /* Takes the key lock of (scope, key), waiting as long as lock_timeout allows. */

@@ -77,3 +77,21 @@ SET idempotency.lease = 0;
 SET idempotency.retention = '-1s';
 SET idempotency.no_such_setting = 1;
 SET idempotency.reaper_naptime = '10s';
+
+-- positive means later than now, whatever months and days add up to (22023)
+SELECT * FROM idempotency.claim('k', '\x01', lease => '-1 year 360 days 1 hour');
+SELECT * FROM idempotency.claim('k', '\x01', retention => '-1 year 360 days 1 hour');
+SELECT idempotency.extend('k', 1, '1 mon -31 days');
+SELECT * FROM idempotency.claim('k', '\x01', wait => '1 mon -40 days');
+-- representable: 22023, not an overflow from inside
+SELECT * FROM idempotency.claim('k', '\x01', retention => '1000000 years');
+SELECT * FROM idempotency.claim('k', '\x01', lease => '1000000 years');
+SELECT * FROM idempotency.claim('k', '\x01', wait => '1000000 years');
+-- a retention shorter than the lease would store a response already expired
+SELECT * FROM idempotency.claim('k', '\x01', lease => '60s', retention => '1s');
+SET idempotency.retention = '1s';
+SELECT * FROM idempotency.claim('k', '\x01');
+RESET idempotency.retention;
+SELECT count(*) AS nothing_written FROM idempotency.keys WHERE key = 'k';
+-- a malformed list of databases is refused when it is set
+ALTER SYSTEM SET idempotency.reaper_databases = 'db1,,db2';
