@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+import psycopg
+
 from .client import Claim
 from .fingerprint import fingerprint
 
@@ -184,9 +186,10 @@ def claim_lost() -> Answer:
     return problem("idempotency_claim_lost", retry_after=1)
 
 
-def refused_key(err: BaseException) -> Optional[Answer]:
-    """The 400 answer when the extension refused the key (22023), else None."""
-    if getattr(err, "sqlstate", None) == "22023":
+def refused_key(err: psycopg.Error) -> Optional[Answer]:
+    """The 400 answer when the extension refused the key, else None: another
+    22023 (a bad scope or lease) is the application's fault, not the client's."""
+    if err.sqlstate == "22023" and err.diag.message_primary == "invalid idempotency key":
         return problem("idempotency_key_invalid", "The extension refused this Idempotency-Key.")
     return None
 
@@ -214,9 +217,12 @@ def _header_pairs(stored: dict) -> Iterable[Tuple[str, str]]:
 
 
 def headers_to_store(headers: Iterable[Tuple[str, str]], options: Options) -> dict:
-    """Picks the response headers a replay repeats, as {name: value or [values]}."""
-    stored: dict = {}
+    """Picks the response headers a replay repeats, as {name: value or [values]},
+    a name spelt as it first appears."""
+    spelling: dict = {}
+    values: dict = {}
     for name, value in headers:
-        if name.lower() in options.store_headers:
-            stored.setdefault(name, []).append(value)
-    return {name: values[0] if len(values) == 1 else values for name, values in stored.items()}
+        lower = name.lower()
+        if lower in options.store_headers:
+            values.setdefault(spelling.setdefault(lower, name), []).append(value)
+    return {name: found[0] if len(found) == 1 else found for name, found in values.items()}
