@@ -242,3 +242,12 @@ def test_connections_go_back_to_the_pool_after_every_kind_of_answer(serve, admin
                pay(client, "c-4").status_code]
     assert answers == [201, 201, 422, 400, 500, 500, 201]
     assert value(admin, "SELECT count(*) FROM charges") == 2
+
+
+def test_a_pool_of_autocommit_connections_still_gives_one_transaction(serve, admin):
+    client = serve(pool_options={"min_size": 1, "max_size": 1, "kwargs": {"autocommit": True}})
+    assert pay(client, "ac-1", {"amount": 5, "fail": True}).status_code == 500
+    assert pay(client, "ac-2", {"amount": 6, "raise": True}).status_code == 500
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert pay(client, "ac-3").status_code == 201
+    assert pay(client, "ac-3").headers["idempotent-replayed"] == "true"
