@@ -8,15 +8,19 @@ IDEMPOTENCY_LEASE (default 60 seconds) and IDEMPOTENCY_FAIL_OPEN=on.
 import os
 import time
 
-import psycopg
 from flask import Flask, g, request
+from psycopg.rows import namedtuple_row
+from psycopg_pool import ConnectionPool
 
-from idempotency_middleware import Idempotency
+from pg_idempotency.flask import Idempotency
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 
+# Opened in main(); a request waits at most 5 seconds for a connection.
+pool = ConnectionPool(DATABASE_URL, min_size=2, max_size=10, timeout=5, open=False,
+                      kwargs={"row_factory": namedtuple_row, "connect_timeout": 5})
 app = Flask(__name__)
-Idempotency(app, conninfo=DATABASE_URL,
+Idempotency(app, pool=pool,
             lease=os.environ.get("IDEMPOTENCY_LEASE", "60 seconds"),
             fail_open=os.environ.get("IDEMPOTENCY_FAIL_OPEN") == "on")
 
@@ -35,8 +39,9 @@ def create_payment():
     amount = data.get("amount")
     if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
         return {"error": "amount must be a positive number"}, 400
-    if data.get("delay_ms", 0) > 0:
-        time.sleep(data["delay_ms"] / 1000)
+    delay_ms = data.get("delay_ms", 0)
+    if isinstance(delay_ms, (int, float)) and delay_ms > 0:
+        time.sleep(delay_ms / 1000)
     charge = g.db.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id",
                           (amount,)).fetchone().id
     if data.get("fail"):
@@ -44,16 +49,17 @@ def create_payment():
     return {"charge": charge}, 201
 
 
-def create_schema():
-    """Creates the business table when missing."""
-    with psycopg.connect(DATABASE_URL) as conn:
+def main():
+    """Opens the pool, creates the business table when missing, and serves."""
+    pool.open(wait=True)
+    with pool.connection() as conn:
         conn.execute("""CREATE TABLE IF NOT EXISTS charges (
                             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                             amount numeric NOT NULL,
                             created_at timestamptz NOT NULL DEFAULT now())""")
+    app.run(host=os.environ.get("HOST", "127.0.0.1"),
+            port=int(os.environ.get("PORT", "5000")), threaded=True)
 
 
 if __name__ == "__main__":
-    create_schema()
-    app.run(host=os.environ.get("HOST", "127.0.0.1"),
-            port=int(os.environ.get("PORT", "5000")), threaded=True)
+    main()

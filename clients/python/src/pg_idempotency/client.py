@@ -1,0 +1,229 @@
+"""The extension's functions for Python code: claim, complete, release,
+extend, checkpoint and lookup, on psycopg 3 and a psycopg_pool pool.
+
+Each call takes a connection from the pool and commits on its own, unless
+it is given ``conn=``: then it runs in that connection's transaction, and
+``commit=True`` commits that transaction together with the call in one round
+trip (the call and the business writes commit together or not at all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Optional, Union
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+Interval = Union[str, timedelta, None]
+
+CLAIM = """SELECT * FROM idempotency.claim(%s, %s, scope => %s, lease => %s::interval,
+                                          retention => %s::interval, wait => %s::interval)"""
+COMPLETE = "SELECT idempotency.complete(%s, %s, %s, %s, %s, %s)"
+RELEASE = "SELECT idempotency.release(%s, %s, %s)"
+EXTEND = "SELECT idempotency.extend(%s, %s, %s::interval, %s)"
+CHECKPOINT = "SELECT idempotency.checkpoint(%s, %s, %s, %s, %s)"
+LOOKUP = "SELECT * FROM idempotency.lookup(%s, %s)"
+
+
+class ClaimLost(Exception):
+    """The fence no longer owns the claim (SQLSTATE IK001): a retry took it
+    over, or it was released or reaped. The transaction it ran in is
+    aborted: roll it back."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer of claim(): outcome is new, replay, in_progress or mismatch."""
+    outcome: str
+    fence: Optional[int]
+    attempt: Optional[int]
+    status_code: Optional[int]
+    headers: Optional[dict]
+    body: Optional[bytes]
+    recovery_point: Optional[str]
+    recovery_state: Any
+    retry_after: Optional[int]
+    created_at: Optional[datetime]
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record as lookup() shows it (every column but the fence)."""
+    scope: str
+    key: str
+    fingerprint: bytes
+    state: str
+    attempt: int
+    lease: timedelta
+    lease_expires_at: Optional[datetime]
+    recovery_point: Optional[str]
+    recovery_state: Any
+    status_code: Optional[int]
+    headers: Optional[dict]
+    body: Optional[bytes]
+    created_at: datetime
+    completed_at: Optional[datetime]
+    expires_at: datetime
+
+
+def _json(value: Any) -> Optional[Jsonb]:
+    """Wraps a value for a jsonb argument (None stays NULL)."""
+    return None if value is None else Jsonb(value)
+
+
+def _first_column(_cursor):
+    """A row factory: each row is the value of its one column."""
+    return lambda values: values[0]
+
+
+def _idle(conn) -> bool:
+    """True when conn has no transaction open."""
+    return conn.info.transaction_status == TransactionStatus.IDLE
+
+
+class Client:
+    """The extension's functions on a psycopg_pool.ConnectionPool (blocking)."""
+
+    def __init__(self, pool):
+        """pool: a psycopg_pool.ConnectionPool on a database with the extension."""
+        self.pool = pool
+
+    def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
+              lease: Interval = None, retention: Interval = None, wait: Interval = None,
+              conn=None, commit: bool = False) -> Claim:
+        """Claims key: see Claim.outcome. Commit the claim at once (the
+        default without conn) so that a concurrent retry sees it."""
+        return self._call(conn, commit, CLAIM,
+                          (key, fingerprint, scope, lease, retention, wait), class_row(Claim))
+
+    def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
+                 headers: Optional[dict] = None, *, scope: Optional[str] = None,
+                 conn=None, commit: bool = False) -> str:
+        """Stores the response: 'stored', or 'released' for a 5xx; ClaimLost when the fence lost."""
+        return self._call(conn, commit, COMPLETE,
+                          (key, fence, status_code, body, _json(headers), scope))
+
+    def release(self, key: str, fence: int, *, scope: Optional[str] = None,
+                conn=None, commit: bool = False) -> bool:
+        """Frees the key for the next retry; False when this fence no longer owns it."""
+        return self._call(conn, commit, RELEASE, (key, fence, scope))
+
+    def extend(self, key: str, fence: int, lease: Interval = None, *,
+               scope: Optional[str] = None, conn=None, commit: bool = False) -> datetime:
+        """Renews the lease; returns its new end; ClaimLost when the fence lost."""
+        return self._call(conn, commit, EXTEND, (key, fence, lease, scope))
+
+    def checkpoint(self, key: str, fence: int, recovery_point: str, recovery_state: Any = None,
+                   *, scope: Optional[str] = None, conn=None, commit: bool = False) -> None:
+        """Saves progress for a takeover to resume from; ClaimLost when the fence lost."""
+        self._call(conn, commit, CHECKPOINT,
+                   (key, fence, recovery_point, _json(recovery_state), scope))
+
+    def lookup(self, key: str, *, scope: Optional[str] = None, conn=None) -> Optional[Record]:
+        """Returns the record as claim would see it, or None (read only)."""
+        return self._call(conn, False, LOOKUP, (key, scope), class_row(Record))
+
+    def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column):
+        """Runs one function on conn, or alone on a connection of the pool."""
+        if conn is None:
+            with self.pool.connection() as conn:
+                return self._call(conn, True, sql, params, row_factory)
+        try:
+            return self._execute(conn, commit, sql, params, row_factory)
+        except psycopg.Error as err:
+            if err.sqlstate == "IK001":
+                raise ClaimLost(str(err)) from err
+            raise
+
+    @staticmethod
+    def _execute(conn, commit: bool, sql: str, params: tuple, row_factory):
+        """Executes sql; with commit, commits conn's transaction in the same round trip."""
+        cur = conn.cursor(row_factory=row_factory)
+        if not commit or conn.autocommit:
+            return cur.execute(sql, params).fetchone()
+        if _idle(conn):
+            # A statement alone commits by itself: no BEGIN, no COMMIT.
+            conn.autocommit = True
+            try:
+                return cur.execute(sql, params).fetchone()
+            finally:
+                conn.autocommit = False
+        with conn.pipeline():
+            cur.execute(sql, params)
+            conn.execute("COMMIT")
+        return cur.fetchone()
+
+
+class AsyncClient:
+    """The same functions on a psycopg_pool.AsyncConnectionPool (asyncio)."""
+
+    def __init__(self, pool):
+        """pool: a psycopg_pool.AsyncConnectionPool on a database with the extension."""
+        self.pool = pool
+
+    async def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
+                    lease: Interval = None, retention: Interval = None, wait: Interval = None,
+                    conn=None, commit: bool = False) -> Claim:
+        """As Client.claim."""
+        return await self._call(conn, commit, CLAIM,
+                                (key, fingerprint, scope, lease, retention, wait), class_row(Claim))
+
+    async def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
+                       headers: Optional[dict] = None, *, scope: Optional[str] = None,
+                       conn=None, commit: bool = False) -> str:
+        """As Client.complete."""
+        return await self._call(conn, commit, COMPLETE,
+                                (key, fence, status_code, body, _json(headers), scope))
+
+    async def release(self, key: str, fence: int, *, scope: Optional[str] = None,
+                      conn=None, commit: bool = False) -> bool:
+        """As Client.release."""
+        return await self._call(conn, commit, RELEASE, (key, fence, scope))
+
+    async def extend(self, key: str, fence: int, lease: Interval = None, *,
+                     scope: Optional[str] = None, conn=None, commit: bool = False) -> datetime:
+        """As Client.extend."""
+        return await self._call(conn, commit, EXTEND, (key, fence, lease, scope))
+
+    async def checkpoint(self, key: str, fence: int, recovery_point: str, recovery_state: Any = None,
+                         *, scope: Optional[str] = None, conn=None, commit: bool = False) -> None:
+        """As Client.checkpoint."""
+        await self._call(conn, commit, CHECKPOINT,
+                         (key, fence, recovery_point, _json(recovery_state), scope))
+
+    async def lookup(self, key: str, *, scope: Optional[str] = None, conn=None) -> Optional[Record]:
+        """As Client.lookup."""
+        return await self._call(conn, False, LOOKUP, (key, scope), class_row(Record))
+
+    async def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column):
+        """As Client._call."""
+        if conn is None:
+            async with self.pool.connection() as conn:
+                return await self._call(conn, True, sql, params, row_factory)
+        try:
+            return await self._execute(conn, commit, sql, params, row_factory)
+        except psycopg.Error as err:
+            if err.sqlstate == "IK001":
+                raise ClaimLost(str(err)) from err
+            raise
+
+    @staticmethod
+    async def _execute(conn, commit: bool, sql: str, params: tuple, row_factory):
+        """As Client._execute."""
+        cur = conn.cursor(row_factory=row_factory)
+        if not commit or conn.autocommit:
+            return await (await cur.execute(sql, params)).fetchone()
+        if _idle(conn):
+            await conn.set_autocommit(True)
+            try:
+                return await (await cur.execute(sql, params)).fetchone()
+            finally:
+                await conn.set_autocommit(False)
+        async with conn.pipeline():
+            await cur.execute(sql, params)
+            await conn.execute("COMMIT")
+        return await cur.fetchone()

@@ -1,0 +1,228 @@
+"""The HTTP contract (docs/http-contract.md), shared by the Flask and ASGI
+middlewares: the Idempotency-Key field, the scope, the request's
+fingerprint, the answers (problem+json, replays) and the options.
+
+Nothing here does I/O or knows a framework: headers come in as pairs of
+(lowercase name, raw bytes), answers go out as an Answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import string
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import psycopg
+
+from .client import Claim
+from .fingerprint import fingerprint
+
+log = logging.getLogger("pg_idempotency")
+
+Headers = Sequence[Tuple[str, bytes]]
+Interval = Union[str, timedelta, None]
+
+MAX_KEY_BYTES = 255
+# RFC 9110 tchar, plus ":" and "/": what a bare key may be made of.
+BARE_KEY_CHARS = frozenset("!#$%&'*+-.^_`|~:/" + string.ascii_letters + string.digits)
+# What a path may hold unescaped (RFC 3986 pchar and "/"), to rebuild a raw path.
+PATH_CHARS = "/:@!$&'()*+,;=-._~"
+TITLES = {400: "Bad Request", 409: "Conflict", 422: "Unprocessable Content",
+          503: "Service Unavailable"}
+PROBLEMS = {
+    "idempotency_key_missing": (400, "This request needs an Idempotency-Key header."),
+    "idempotency_key_invalid": (400, "The Idempotency-Key header is not a valid key."),
+    "idempotency_key_in_progress": (409, "A request with this Idempotency-Key is still running; retry later."),
+    "idempotency_key_mismatch": (422, "This Idempotency-Key was used with a different request."),
+    "idempotency_claim_lost": (409, "This request outlived its lease and a retry took it over; retry it."),
+    "idempotency_unavailable": (503, "The idempotency store cannot be reached; retry later."),
+}
+
+
+class Answer(NamedTuple):
+    """A response the middleware gives instead of the handler's."""
+    status: int
+    headers: List[Tuple[str, str]]
+    body: bytes
+
+
+class Pending(NamedTuple):
+    """A covered request whose handler runs: its claim (fence None: unguarded)."""
+    key: Optional[str] = None
+    scope: str = ""
+    fence: Optional[int] = None
+
+
+class InvalidKey(ValueError):
+    """The Idempotency-Key field is malformed; the message says how."""
+
+
+@dataclass
+class Options:
+    """The middleware's options (see README.md); both middlewares take them as keywords."""
+    methods: Iterable[str] = ("POST", "PATCH")
+    required: bool = True
+    fail_open: bool = False
+    lease: Interval = None
+    retention: Interval = None
+    store_headers: Iterable[str] = ("Content-Type", "Location")
+    scope: Optional[Callable[[Any], str]] = None
+
+    def __post_init__(self):
+        """Normalises the case of methods and header names."""
+        self.methods = frozenset(m.upper() for m in self.methods)
+        self.store_headers = frozenset(h.lower() for h in self.store_headers)
+
+
+def parse_key(values: Sequence[str]) -> Optional[str]:
+    """Returns the key sent in the Idempotency-Key field values, None when
+    there is none; raises InvalidKey when it is malformed."""
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidKey("The Idempotency-Key header was sent more than once.")
+    text = values[0].strip(" \t")
+    key = _parse_sf_string(text) if text.startswith('"') else _parse_bare(text)
+    if not key:
+        raise InvalidKey("The Idempotency-Key is empty.")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise InvalidKey(f"The Idempotency-Key is longer than {MAX_KEY_BYTES} bytes.")
+    return key
+
+
+def _parse_sf_string(text: str) -> str:
+    """Returns the content of a Structured Field string that must fill text."""
+    chars, i = [], 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            if i != len(text) - 1:
+                raise InvalidKey("The Idempotency-Key string is followed by something else.")
+            return "".join(chars)
+        if c == "\\":
+            if text[i + 1:i + 2] not in ('"', "\\"):
+                raise InvalidKey("The Idempotency-Key string has an escape other than \\\" or \\\\.")
+            i += 1
+            c = text[i]
+        elif not " " <= c <= "~":
+            raise InvalidKey("The Idempotency-Key string has a character that is not printable ASCII.")
+        chars.append(c)
+        i += 1
+    raise InvalidKey("The Idempotency-Key string has no closing double quote.")
+
+
+def _parse_bare(text: str) -> str:
+    """Returns a key sent without quotes: token characters, not starting with ':'."""
+    if text.startswith(":") or not set(text) <= BARE_KEY_CHARS:
+        raise InvalidKey('The Idempotency-Key must be a quoted string ("...") or a token.')
+    return text
+
+
+def key_values(headers: Headers) -> List[str]:
+    """Returns the values of the Idempotency-Key fields, as sent."""
+    return [value.decode("latin-1") for name, value in headers if name == "idempotency-key"]
+
+
+def read_key(headers: Headers, options: Options) -> Tuple[Optional[str], Optional[Answer]]:
+    """Returns (key, None), (None, None) for a missing optional key, or (None, the 400 answer)."""
+    try:
+        key = parse_key(key_values(headers))
+    except InvalidKey as bad:
+        return None, problem("idempotency_key_invalid", str(bad))
+    if key is None and options.required:
+        return None, problem("idempotency_key_missing")
+    return key, None
+
+
+def credential_scope(headers: Headers) -> str:
+    """Returns the hex SHA-256 of the caller's credential (Authorization,
+    else X-API-Key), '' without one: the credential itself is never stored."""
+    for wanted in ("authorization", "x-api-key"):
+        for name, value in headers:
+            if name == wanted:
+                return hashlib.sha256(wanted.encode() + b":" + value).hexdigest()
+    return ""
+
+
+def request_fingerprint(method: str, path: bytes, query: Optional[bytes],
+                        body: Optional[bytes]) -> bytes:
+    """Returns the fingerprint of a request: an empty body or query counts as none."""
+    return fingerprint(method, path, body or None, query or None)
+
+
+def split_target(target: bytes) -> Tuple[bytes, Optional[bytes]]:
+    """Splits a raw request target into its path and its query (None without '?')."""
+    if not target.startswith(b"/") and b"://" in target:
+        # Absolute form (a request sent to a proxy): drop scheme and authority.
+        rest = target.split(b"://", 1)[1]
+        target = b"/" + rest.split(b"/", 1)[1] if b"/" in rest else b"/"
+    path, mark, query = target.partition(b"?")
+    return path, query if mark else None
+
+
+def problem(code: str, detail: Optional[str] = None, retry_after: Optional[int] = None) -> Answer:
+    """Returns the application/problem+json answer (RFC 9457) of a contract code."""
+    status, default_detail = PROBLEMS[code]
+    body = {"type": "about:blank", "title": TITLES[status], "status": status,
+            "detail": detail or default_detail, "code": code}
+    headers = [("Content-Type", "application/problem+json")]
+    if retry_after is not None:
+        headers.append(("Retry-After", str(max(1, retry_after))))
+    return Answer(status, headers, json.dumps(body).encode())
+
+
+def unavailable(err: BaseException) -> Answer:
+    """Fails closed: without the store a retry could run twice (logged)."""
+    log.error("idempotency: the store failed: %s", err)
+    return problem("idempotency_unavailable", retry_after=1)
+
+
+def claim_lost() -> Answer:
+    """The answer when complete() found that a retry took the claim over."""
+    return problem("idempotency_claim_lost", retry_after=1)
+
+
+def refused_key(err: psycopg.Error) -> Optional[Answer]:
+    """The 400 answer when the extension refused the key, else None: another
+    22023 (a bad scope or lease) is the application's fault, not the client's."""
+    if err.sqlstate == "22023" and err.diag.message_primary == "invalid idempotency key":
+        return problem("idempotency_key_invalid", "The extension refused this Idempotency-Key.")
+    return None
+
+
+def answer_claim(claim: Claim) -> Optional[Answer]:
+    """Answers a claim that did not win (replay, in_progress, mismatch); None for new."""
+    if claim.outcome == "new":
+        return None
+    if claim.outcome == "replay":
+        headers = list(_header_pairs(claim.headers or {}))
+        headers.append(("Idempotent-Replayed", "true"))
+        return Answer(claim.status_code, headers, bytes(claim.body or b""))
+    if claim.outcome == "in_progress":
+        return problem("idempotency_key_in_progress", retry_after=claim.retry_after or 1)
+    if claim.outcome == "mismatch":
+        return problem("idempotency_key_mismatch")
+    raise ValueError(f"unknown claim outcome {claim.outcome!r}")
+
+
+def _header_pairs(stored: dict) -> Iterable[Tuple[str, str]]:
+    """Yields the (name, value) pairs of headers stored as {name: value or [values]}."""
+    for name, value in stored.items():
+        for one in value if isinstance(value, list) else [value]:
+            yield name, one
+
+
+def headers_to_store(headers: Iterable[Tuple[str, str]], options: Options) -> dict:
+    """Picks the response headers a replay repeats, as {name: value or [values]},
+    a name spelt as it first appears."""
+    spelling: dict = {}
+    values: dict = {}
+    for name, value in headers:
+        lower = name.lower()
+        if lower in options.store_headers:
+            values.setdefault(spelling.setdefault(lower, name), []).append(value)
+    return {name: found[0] if len(found) == 1 else found for name, found in values.items()}
