@@ -10,6 +10,7 @@ OBJS = \
 	headers.o \
 	idempotency.o \
 	keys.o \
+	keysheap.o \
 	reaper.o \
 	record.o \
 	stats.o \

@@ -6,12 +6,12 @@
  * decides, in the design's order: an expired record counts as absent; a
  * different fingerprint is a mismatch; a completed record is a replay; a
  * live lease is in progress; an ended lease is a takeover.  Only `new`
- * writes: it first takes the key's lock (waiting for another transaction
- * that is writing the record, and then reading the record and the clock
- * again), then makes one conditional write; the unique index and the
- * write's own WHERE clause settle any race, and a write that a concurrent
- * transaction made moot sends the claim round again.  Replays, mismatches
- * and in_progress answers write nothing.
+ * writes, with one conditional write: the unique index and the write's own
+ * WHERE clause settle any race (waiting, as PostgreSQL does, for another
+ * transaction that writes the same record), and a write that a concurrent
+ * transaction made moot sends the claim round again.  A write kept waiting
+ * restarts its lease when it wins.  Replays, mismatches and in_progress
+ * answers write nothing.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -29,6 +29,7 @@
 #include "args.h"
 #include "idempotency.h"
 #include "keys.h"
+#include "keysheap.h"
 #include "stats.h"
 #include "wait.h"
 
@@ -37,6 +38,12 @@
 
 /* Longest single sleep of a waiting claim: a safety net for missed wake-ups. */
 #define WAIT_MAX_SLEEP_MS 1000
+
+/*
+ * A write that took longer than this waited for another transaction: the
+ * claim's lease then restarts when it won.  Leases are far longer.
+ */
+#define WRITE_DELAY_RESTAMP_US 1000
 
 typedef enum ClaimOutcome
 {
@@ -135,13 +142,19 @@ decide(const IdemRecord *rec, bool found, Oid caller, TimestampTz now, ClaimResu
 	return STEP_ANSWER;
 }
 
-/* Makes the write of step; fills in a `new` answer and returns true when it won. */
+/*
+ * Makes the write of step; fills in a `new` answer and returns true when it
+ * won.  A write kept waiting by another transaction (of the same record)
+ * restarts the lease, and for a new record its life, when it won.
+ */
 static bool
 write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord *rec,
 			TimestampTz now, ClaimResult *r)
 {
 	int64		fence;
 	IdemTakeover t;
+	Oid			owner = (step == STEP_TAKEOVER) ? rec->owner : call->caller;
+	TimestampTz won;
 
 	switch (step)
 	{
@@ -172,22 +185,31 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 			elog(ERROR, "a claim's answer is not a write");
 	}
 	r->outcome = CLAIM_NEW;
+
+	won = GetCurrentTimestamp();
+	if (won - now > WRITE_DELAY_RESTAMP_US)
+	{
+		idem_keys_restamp(a->scope, a->key, owner, DatumGetInt64(r->values[OUT_FENCE]), won,
+						  step == STEP_TAKEOVER ? NULL : a->retention);
+		if (step != STEP_TAKEOVER)
+			set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(won));
+	}
 	return true;
 }
 
 /*
- * Decides one claim.  A claim that must write takes the key's lock first;
- * when another transaction held it (an uncommitted claim or complete of the
- * same key), the claim reads the record and the clock again after that
- * transaction ended, so that it answers from what committed and its lease
- * starts when it wins.  lock_timeout_ms bounds that wait (< 0: only
- * lock_timeout does); when it runs out the answer is in_progress.
+ * Decides one claim.  When another transaction is writing the record (an
+ * uncommitted claim or complete of the same key), a claim that must write
+ * waits for it and answers from what committed.  With writer_timeout_ms >=
+ * 0 (the claim's `wait`) it first finds that transaction and waits for it
+ * at most that long, then answers in_progress; otherwise its write waits as
+ * long as lock_timeout allows.
  */
 static void
-claim_once(const ClaimArgs *a, IdemCall *call, long lock_timeout_ms, TimestampTz *now,
+claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, TimestampTz *now,
 		   ClaimResult *r)
 {
-	bool		locked = false;
+	bool		insert_failed = false;
 
 	for (int tries = 0; tries < CLAIM_MAX_TRIES; tries++)
 	{
@@ -202,26 +224,44 @@ claim_once(const ClaimArgs *a, IdemCall *call, long lock_timeout_ms, TimestampTz
 		step = decide(&rec, found, call->caller, *now, r);
 		if (step == STEP_ANSWER)
 			return;
-		if (!locked)
+		if (writer_timeout_ms >= 0)
 		{
-			IdemLockResult got = idem_keys_lock(a->keyhash, lock_timeout_ms);
+			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
 
-			if (got == IDEM_LOCK_TIMED_OUT)
+			if (TransactionIdIsValid(writer))
 			{
-				r->outcome = CLAIM_IN_PROGRESS;
-				r->lease_expires_at = DT_NOBEGIN;
-				return;
-			}
-			locked = true;
-			if (got == IDEM_LOCK_AFTER_WAIT)
-			{
+				if (!idem_wait_for_xact(writer, writer_timeout_ms))
+				{
+					r->outcome = CLAIM_IN_PROGRESS;
+					r->lease_expires_at = DT_NOBEGIN;
+					return;
+				}
 				*now = GetCurrentTimestamp();
 				continue;
 			}
 		}
 		if (write_claim(step, a, call, &rec, *now, r))
 			return;
-		/* A concurrent transaction committed first, or reap took the record. */
+
+		/*
+		 * A concurrent transaction wrote the record first (committed, or
+		 * still writing: then wait for it), or reap took it.  Under
+		 * REPEATABLE READ or SERIALIZABLE, a second failed insert means a
+		 * record committed that the snapshot cannot see: as INSERT ... ON
+		 * CONFLICT would, fail.
+		 */
+		if (step == STEP_INSERT && IsolationUsesXactSnapshot() && insert_failed)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+		insert_failed = (step == STEP_INSERT);
+		if (writer_timeout_ms < 0)
+		{
+			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
+
+			if (TransactionIdIsValid(writer))
+				(void) idem_wait_for_xact(writer, -1);
+		}
 		*now = GetCurrentTimestamp();
 	}
 	ereport(ERROR,
@@ -296,11 +336,11 @@ wait_left_ms(double wait_ms, instr_time start)
 }
 
 /*
- * Claims, and while the answer is in_progress and wait_ms lasts, waits: on
- * the key's lock while another transaction writes the record (so that a
- * prepared complete is seen when it commits), else on the key's condition
- * variable, woken when a complete or release commits, or until the lease
- * ends.  Returns whether it waited.
+ * Claims, and while the answer is in_progress and wait_ms lasts, waits: for
+ * the transaction that is writing the record, if any (so that a prepared
+ * complete is seen when it commits), else on the key's condition variable,
+ * woken when a complete or release commits, or until the lease ends.
+ * Returns whether it waited.
  */
 static bool
 claim_and_wait(const ClaimArgs *a, IdemCall *call, double wait_ms, TimestampTz *now,
@@ -316,6 +356,7 @@ claim_and_wait(const ClaimArgs *a, IdemCall *call, double wait_ms, TimestampTz *
 	{
 		double		left_ms = wait_left_ms(wait_ms, start);
 		double		lease_ms;
+		TransactionId writer;
 
 		claim_once(a, call, wait_ms > 0 ? (long) Max(left_ms, 0) : -1, now, r);
 		left_ms = wait_left_ms(wait_ms, start);
@@ -329,24 +370,20 @@ claim_and_wait(const ClaimArgs *a, IdemCall *call, double wait_ms, TimestampTz *
 			prepared = true;
 			continue;
 		}
-		switch (idem_keys_wait_for_writer(a->keyhash, (long) Max(left_ms, 1)))
+		writer = idem_keys_writer(call, a->scope, a->key);
+		if (TransactionIdIsValid(writer))
 		{
-			case IDEM_WRITER_STILL_THERE:
-				waited = true;
-				goto done;
-			case IDEM_WRITER_ENDED:
-				waited = true;
-				*now = GetCurrentTimestamp();
-				continue;
-			case IDEM_NO_WRITER:
+			waited = true;
+			if (!idem_wait_for_xact(writer, (long) Max(left_ms, 1)))
 				break;
+			*now = GetCurrentTimestamp();
+			continue;
 		}
 		lease_ms = (r->lease_expires_at - *now) / 1000.0 + 1;
 		idem_wait_sleep(a->keyhash, (long) Max(1, Min(Min(left_ms, lease_ms), WAIT_MAX_SLEEP_MS)));
 		waited = true;
 		*now = GetCurrentTimestamp();
 	}
-done:
 	if (prepared)
 		idem_wait_cancel();
 	return waited;

@@ -37,4 +37,19 @@
 #define guc_malloc(elevel, size) malloc(size)
 #endif
 
+/* PG 16 made table_tuple_update say which indexes need new entries. */
+#if PG_VERSION_NUM >= 160000
+typedef TU_UpdateIndexes IdemUpdateIndexes;
+#define IDEM_UPDATE_INDEXES_NEEDED(u) ((u) != TU_None)
+#else
+typedef bool IdemUpdateIndexes;
+#define IDEM_UPDATE_INDEXES_NEEDED(u) (u)
+#endif
+
+/* PG 14 added index_insert's indexUnchanged hint. */
+#if PG_VERSION_NUM < 140000
+#define index_insert(index, values, isnull, tid, heap, check, unchanged, info) \
+	index_insert(index, values, isnull, tid, heap, check, info)
+#endif
+
 #endif							/* IDEMPOTENCY_COMPAT_H */

@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  * keys.c
  *	  Access to idempotency.keys: the catalog facts, the right to use the
- *	  API, the key locks, claim's direct read and every write.
+ *	  API, claim's direct reads, waits for writers, and every write.
  *
  * Application roles get no privilege on the table: each call switches to
  * the table's owner, as SECURITY DEFINER would but cheaper, and runs SPI
@@ -15,12 +15,11 @@
  * that have the privileges of that owner: for any other role it is as if
  * it were in another scope.  The primary key is (scope, key, owner).
  *
- * Every write of a record first takes its key lock, a transaction-level
- * lock on a hash of (scope, key): a claim that meets another transaction's
- * uncommitted write of its key waits on that lock, as it would on a unique
- * index, but in one place where it can bound the wait and read the clock
- * after it.  The unique index still decides every race: INSERT ... ON
- * CONFLICT, and UPDATEs whose WHERE clause repeats their condition.
+ * The unique index decides every race: INSERT ... ON CONFLICT, and UPDATEs
+ * whose WHERE clause repeats their condition, wait for a concurrent writer
+ * of the same record as PostgreSQL makes them.  A claim that must bound
+ * that wait (its `wait`) finds the writing transaction first, with a dirty
+ * read, and waits for it here, where a timeout can be caught.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -48,7 +47,6 @@
 #include "parser/parse_relation.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
-#include "storage/lock.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
@@ -62,9 +60,6 @@
 #include "utils/syscache.h"
 
 #include "keys.h"
-
-/* The fourth field of the advisory lock tags of key locks, as pg_locks shows it (objsubid). */
-#define KEY_LOCK_TAG 0x1de
 
 /*
  * The plans.  Operators are written OPERATOR(pg_catalog.x): the plans run as
@@ -88,10 +83,9 @@
 
 typedef enum PlanId
 {
-	PLAN_INSERT,
 	PLAN_RESET,
 	PLAN_TAKEOVER,
-	PLAN_COMPLETE,
+	PLAN_RESTAMP,
 	PLAN_RELEASE,
 	PLAN_EXTEND,
 	PLAN_CHECKPOINT,
@@ -108,14 +102,6 @@ typedef struct PlanDef
 } PlanDef;
 
 static const PlanDef plan_defs[NUM_PLANS] = {
-	[PLAN_INSERT] = {
-		"INSERT INTO idempotency.keys (scope, key, owner, fingerprint, state, fence,"
-		" attempt, lease, lease_expires_at, created_at, expires_at)"
-		" VALUES ($1, $2, $3, $4, " IN_PROGRESS ", " NEXT_FENCE ", 1, $5, $7" PLUS "$5,"
-		" $7, $7" PLUS "$6)"
-		" ON CONFLICT (scope, key, owner) DO NOTHING RETURNING fence",
-		7, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID}
-	},
 	[PLAN_RESET] = {
 		"UPDATE idempotency.keys SET fingerprint = $4, state = " IN_PROGRESS ","
 		" fence = " NEXT_FENCE ", attempt = 1, lease = $5, lease_expires_at = $7" PLUS "$5,"
@@ -133,11 +119,12 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		" RETURNING fence, attempt, recovery_point, recovery_state, created_at",
 		6, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID}
 	},
-	[PLAN_COMPLETE] = {
-		"UPDATE idempotency.keys SET state = " COMPLETED ", status_code = $5,"
-		" headers = $6, body = $7, completed_at = $8, lease_expires_at = NULL"
-		" WHERE " OWNED_BY_FENCE,
-		8, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INT4OID, JSONBOID, BYTEAOID, TIMESTAMPTZOID}
+	[PLAN_RESTAMP] = {
+		"UPDATE idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
+		" created_at = CASE WHEN $6 IS NULL THEN created_at ELSE $5 END,"
+		" expires_at = COALESCE($5" PLUS "$6, expires_at)"
+		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4",
+		6, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, TIMESTAMPTZOID, INTERVALOID}
 	},
 	[PLAN_RELEASE] = {
 		"DELETE FROM idempotency.keys WHERE " OWNED_BY_FENCE,
@@ -173,32 +160,31 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 
 static SPIPlanPtr plans[NUM_PLANS];
 
-/*
- * What the calls need to know of the extension's objects, looked up once per
- * backend and forgotten when the table's relcache entry is invalidated (DROP
- * and CREATE EXTENSION): the table's owner, as whom every plan runs, and the
- * table's columns that claim reads directly.
- */
-typedef struct KeysCatalog
-{
-	Oid			namespace;
-	Oid			keys_relid;
-	Oid			fence_seq_relid;
-	Oid			table_owner;
-	Oid			completed_label;	/* the enum value 'completed' */
-	AttrNumber	owner;
-	AttrNumber	fence;
-	AttrNumber	state;
-	AttrNumber	fingerprint;
-	AttrNumber	lease_expires_at;
-	AttrNumber	expires_at;
-	AttrNumber	created_at;
-	AttrNumber	status_code;
-	AttrNumber	headers;
-	AttrNumber	body;
-} KeysCatalog;
+/* Whether this call has connected to SPI: only calls that run a plan do. */
+static bool spi_connected = false;
 
-static KeysCatalog catalog;
+static IdemKeysCatalog catalog;
+
+/* The columns of idempotency.keys, by IdemKeysColumn. */
+static const char *const column_names[IDEM_NUM_COLS] = {
+	[IDEM_COL_FENCE] = "fence",
+	[IDEM_COL_CREATED_AT] = "created_at",
+	[IDEM_COL_EXPIRES_AT] = "expires_at",
+	[IDEM_COL_LEASE_EXPIRES_AT] = "lease_expires_at",
+	[IDEM_COL_COMPLETED_AT] = "completed_at",
+	[IDEM_COL_LEASE] = "lease",
+	[IDEM_COL_ATTEMPT] = "attempt",
+	[IDEM_COL_STATUS_CODE] = "status_code",
+	[IDEM_COL_STATE] = "state",
+	[IDEM_COL_OWNER] = "owner",
+	[IDEM_COL_SCOPE] = "scope",
+	[IDEM_COL_KEY] = "key",
+	[IDEM_COL_FINGERPRINT] = "fingerprint",
+	[IDEM_COL_RECOVERY_POINT] = "recovery_point",
+	[IDEM_COL_RECOVERY_STATE] = "recovery_state",
+	[IDEM_COL_HEADERS] = "headers",
+	[IDEM_COL_BODY] = "body",
+};
 static bool catalog_valid = false;
 
 /* The last role found allowed to use the API; forgotten when privileges change. */
@@ -231,13 +217,26 @@ keys_column(Relation rel, const char *name)
 	return attnum;
 }
 
+/* Returns the enum value of label in type enumtype; raises when it is missing. */
+static Oid
+enum_label(Oid enumtype, const char *label)
+{
+	Oid			oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+									  ObjectIdGetDatum(enumtype), CStringGetDatum(label));
+
+	if (!OidIsValid(oid))
+		elog(ERROR, "enum label \"%s\" of idempotency.state does not exist", label);
+	return oid;
+}
+
 /* Returns the catalog facts about the extension's objects, cached per backend. */
-static const KeysCatalog *
-get_catalog(void)
+const IdemKeysCatalog *
+idem_keys_catalog(void)
 {
 	static bool callbacks_registered = false;
-	KeysCatalog *c = &catalog;
+	IdemKeysCatalog *c = &catalog;
 	Relation	rel;
+	Oid			state_type;
 
 	if (catalog_valid)
 		return c;
@@ -253,22 +252,12 @@ get_catalog(void)
 
 	rel = table_open(c->keys_relid, AccessShareLock);
 	c->table_owner = rel->rd_rel->relowner;
-	c->owner = keys_column(rel, "owner");
-	c->fence = keys_column(rel, "fence");
-	c->state = keys_column(rel, "state");
-	c->fingerprint = keys_column(rel, "fingerprint");
-	c->lease_expires_at = keys_column(rel, "lease_expires_at");
-	c->expires_at = keys_column(rel, "expires_at");
-	c->created_at = keys_column(rel, "created_at");
-	c->status_code = keys_column(rel, "status_code");
-	c->headers = keys_column(rel, "headers");
-	c->body = keys_column(rel, "body");
-	c->completed_label = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-										 ObjectIdGetDatum(TupleDescAttr(RelationGetDescr(rel), c->state - 1)->atttypid),
-										 CStringGetDatum("completed"));
+	for (int i = 0; i < IDEM_NUM_COLS; i++)
+		c->att[i] = keys_column(rel, column_names[i]);
+	state_type = TupleDescAttr(RelationGetDescr(rel), c->att[IDEM_COL_STATE] - 1)->atttypid;
 	table_close(rel, AccessShareLock);
-	if (!OidIsValid(c->completed_label))
-		elog(ERROR, "enum label \"completed\" of idempotency.state does not exist");
+	c->in_progress_label = enum_label(state_type, "in_progress");
+	c->completed_label = enum_label(state_type, "completed");
 
 	if (!callbacks_registered)
 	{
@@ -323,7 +312,7 @@ has_api_usage(Oid nsp, Oid role)
 
 /* Raises 42501 unless the caller may use the API. */
 static void
-check_api_privilege(const KeysCatalog *c, Oid role)
+check_api_privilege(const IdemKeysCatalog *c, Oid role)
 {
 	if (role == api_user_checked)
 		return;
@@ -337,14 +326,14 @@ check_api_privilege(const KeysCatalog *c, Oid role)
 }
 
 /*
- * Checks that the caller may use the API and connects to SPI as the table's
- * owner.  An error before idem_call_end needs no cleanup: (sub)transaction
- * abort restores the user and closes SPI.
+ * Checks that the caller may use the API and becomes the table's owner (SPI
+ * is connected when a plan first runs).  An error before idem_call_end
+ * needs no cleanup: (sub)transaction abort restores the user and closes SPI.
  */
 void
 idem_call_begin(IdemCall *call)
 {
-	const KeysCatalog *c = get_catalog();
+	const IdemKeysCatalog *c = idem_keys_catalog();
 
 	call->caller = GetUserId();
 	check_api_privilege(c, call->caller);
@@ -352,19 +341,20 @@ idem_call_begin(IdemCall *call)
 	GetUserIdAndSecContext(&call->save_userid, &call->save_sec_context);
 	SetUserIdAndSecContext(c->table_owner, call->save_sec_context |
 						   SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	spi_connected = false;
 }
 
-/* Leaves SPI and returns to the caller's user. */
+/* Leaves SPI, if the call used it, and returns to the caller's user. */
 void
 idem_call_end(IdemCall *call)
 {
-	SPI_finish();
+	if (spi_connected)
+		SPI_finish();
+	spi_connected = false;
 	SetUserIdAndSecContext(call->save_userid, call->save_sec_context);
 }
 
-/* Hashes (scope, key): the key lock's tag and the waiters' slot. */
+/* Hashes (scope, key): where claims waiting for its owner sleep. */
 uint64
 idem_key_hash(text *scope, text *key)
 {
@@ -375,46 +365,42 @@ idem_key_hash(text *scope, text *key)
 												 VARSIZE_ANY_EXHDR(scope), 0));
 }
 
-/* Fills in the tag of the key lock of keyhash. */
-static void
-key_lock_tag(LOCKTAG *tag, uint64 keyhash)
-{
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (keyhash >> 32), (uint32) keyhash,
-						 KEY_LOCK_TAG);
-}
-
 /*
- * Waits up to timeout_ms for a lock that is taken, in a subtransaction in
- * which lock_timeout is at most timeout_ms, so that the timeout can be
- * caught.  Returns whether it got the lock; keep: whether it holds it now
- * (for the rest of the transaction), else it released it at once.  An error
- * other than our own timeout (a cancel, a deadlock, the caller's shorter
- * lock_timeout) is raised again.
+ * Waits for transaction xid to end, at most timeout_ms (< 0: without bound
+ * but lock_timeout).  The bounded wait runs in a subtransaction in which
+ * lock_timeout is at most timeout_ms, so that the timeout can be caught; an
+ * error other than that timeout (a cancel, a deadlock, the caller's shorter
+ * lock_timeout) is raised again.  Returns whether xid has ended.
  */
-static bool
-acquire_within(const LOCKTAG *tag, long timeout_ms, bool keep)
+bool
+idem_wait_for_xact(TransactionId xid, long timeout_ms)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
 	int			saved_lock_timeout = LockTimeout;
 	bool		ours = (LockTimeout <= 0 || LockTimeout > timeout_ms);
-	volatile bool held = false;
+	volatile bool ended = false;
 
-	if (timeout_ms <= 0)
+	if (timeout_ms < 0)
+	{
+		XactLockTableWait(xid, NULL, NULL, XLTW_None);
+		return true;
+	}
+	if (ConditionalXactLockTableWait(xid))
+		return true;
+	if (timeout_ms == 0)
 		return false;
+
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(cxt);
 	PG_TRY();
 	{
 		if (ours)
 			LockTimeout = (int) Min(timeout_ms, INT_MAX);
-		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		XactLockTableWait(xid, NULL, NULL, XLTW_None);
 		LockTimeout = saved_lock_timeout;
-		/* Released here, by its owner; or kept, passing to the parent transaction. */
-		if (!keep)
-			LockRelease(tag, ExclusiveLock, false);
 		ReleaseCurrentSubTransaction();
-		held = true;
+		ended = true;
 	}
 	PG_CATCH();
 	{
@@ -434,62 +420,7 @@ acquire_within(const LOCKTAG *tag, long timeout_ms, bool keep)
 	PG_END_TRY();
 	MemoryContextSwitchTo(cxt);
 	CurrentResourceOwner = owner;
-	return held;
-}
-
-/*
- * Takes the key lock of keyhash for the rest of the transaction.  When
- * another transaction holds it, waits: without bound but lock_timeout when
- * timeout_ms < 0, else up to timeout_ms.
- */
-IdemLockResult
-idem_keys_lock(uint64 keyhash, long timeout_ms)
-{
-	LOCKTAG		tag;
-
-	key_lock_tag(&tag, keyhash);
-	if (LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
-		return IDEM_LOCK_AT_ONCE;
-	if (timeout_ms < 0)
-	{
-		(void) LockAcquire(&tag, ExclusiveLock, false, false);
-		return IDEM_LOCK_AFTER_WAIT;
-	}
-	if (acquire_within(&tag, timeout_ms, true))
-		return IDEM_LOCK_AFTER_WAIT;
-	return IDEM_LOCK_TIMED_OUT;
-}
-
-/*
- * Waits, up to timeout_ms, for a transaction that holds the key lock of
- * keyhash (one writing the record, or one prepared and not yet committed)
- * to end, without keeping the lock: a waiting claim must not block the
- * owner's complete.  Returns how it went.
- */
-IdemWriterWait
-idem_keys_wait_for_writer(uint64 keyhash, long timeout_ms)
-{
-	LOCKTAG		tag;
-
-	key_lock_tag(&tag, keyhash);
-	switch (LockAcquire(&tag, ExclusiveLock, false, true))
-	{
-		case LOCKACQUIRE_OK:
-			LockRelease(&tag, ExclusiveLock, false);
-			return IDEM_NO_WRITER;
-		case LOCKACQUIRE_ALREADY_HELD:
-			return IDEM_NO_WRITER;	/* this transaction is the writer */
-		default:
-			break;
-	}
-	return acquire_within(&tag, timeout_ms, false) ? IDEM_WRITER_ENDED : IDEM_WRITER_STILL_THERE;
-}
-
-/* Takes the key lock of (scope, key), waiting as long as lock_timeout allows. */
-static void
-lock_key(text *scope, text *key)
-{
-	(void) idem_keys_lock(idem_key_hash(scope, key), -1);
+	return ended;
 }
 
 /* Runs a plan, preparing and saving it on first use; returns rows processed. */
@@ -498,6 +429,12 @@ run_plan(PlanId id, Datum *values, const char *nulls, bool read_only)
 {
 	int			rc;
 
+	if (!spi_connected)
+	{
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		spi_connected = true;
+	}
 	if (plans[id] == NULL)
 	{
 		const PlanDef *def = &plan_defs[id];
@@ -540,175 +477,6 @@ result_varlena(int n, MemoryContext cxt)
 	return copy;
 }
 
-/* Returns a column of the slot's tuple that may not be NULL. */
-static Datum
-slot_col(TupleTableSlot *slot, AttrNumber attnum)
-{
-	bool		isnull;
-	Datum		value = slot_getattr(slot, attnum, &isnull);
-
-	if (isnull)
-		elog(ERROR, "unexpected null in column %d of idempotency.keys", attnum);
-	return value;
-}
-
-/* Copies a varlena column of the slot, detoasted, into cxt; NULL when NULL. */
-static struct varlena *
-slot_varlena(TupleTableSlot *slot, AttrNumber attnum, MemoryContext cxt)
-{
-	bool		isnull;
-	Datum		value = slot_getattr(slot, attnum, &isnull);
-	MemoryContext old;
-	struct varlena *copy;
-
-	if (isnull)
-		return NULL;
-	old = MemoryContextSwitchTo(cxt);
-	copy = PG_DETOAST_DATUM_COPY(value);
-	MemoryContextSwitchTo(old);
-	return copy;
-}
-
-/*
- * Ranks a record for the caller: 0 its own live record, 1 a live one of a
- * role whose privileges it has, 2 its own expired one, 3 another's expired
- * one; -1 a record it does not see.  Claim decides on the lowest rank.
- */
-static int
-record_rank(const KeysCatalog *c, TupleTableSlot *slot, Oid caller, TimestampTz now)
-{
-	Oid			owner = DatumGetObjectId(slot_col(slot, c->owner));
-	bool		own = (owner == caller);
-	bool		completed;
-	bool		isnull;
-	Datum		lease_end;
-	bool		expired;
-
-	if (!own && !has_privs_of_role(caller, owner))
-		return -1;
-	completed = DatumGetObjectId(slot_col(slot, c->state)) == c->completed_label;
-	lease_end = slot_getattr(slot, c->lease_expires_at, &isnull);
-	expired = DatumGetTimestampTz(slot_col(slot, c->expires_at)) <= now &&
-		(completed || isnull || DatumGetTimestampTz(lease_end) <= now);
-	return (expired ? 2 : 0) + (own ? 0 : 1);
-}
-
-/* Fills rec from the record in slot; the response too when claim will replay it. */
-static void
-read_record(const KeysCatalog *c, TupleTableSlot *slot, bytea *fingerprint,
-			MemoryContext cxt, IdemRecord *rec)
-{
-	bytea	   *stored = DatumGetByteaPP(slot_col(slot, c->fingerprint));
-	bool		isnull;
-	Datum		lease_end = slot_getattr(slot, c->lease_expires_at, &isnull);
-
-	rec->owner = DatumGetObjectId(slot_col(slot, c->owner));
-	rec->fence = DatumGetInt64(slot_col(slot, c->fence));
-	rec->completed = DatumGetObjectId(slot_col(slot, c->state)) == c->completed_label;
-	rec->same_fingerprint =
-		VARSIZE_ANY_EXHDR(stored) == VARSIZE_ANY_EXHDR(fingerprint) &&
-		memcmp(VARDATA_ANY(stored), VARDATA_ANY(fingerprint),
-			   VARSIZE_ANY_EXHDR(stored)) == 0;
-	rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
-	rec->expires_at = DatumGetTimestampTz(slot_col(slot, c->expires_at));
-	rec->created_at = DatumGetTimestampTz(slot_col(slot, c->created_at));
-	rec->headers = NULL;
-	rec->body = NULL;
-	if (rec->completed && rec->same_fingerprint)
-	{
-		rec->status_code = DatumGetInt32(slot_col(slot, c->status_code));
-		rec->headers = (Jsonb *) slot_varlena(slot, c->headers, cxt);
-		rec->body = (bytea *) slot_varlena(slot, c->body, cxt);
-	}
-}
-
-/*
- * Reads the record of (scope, key) that the caller sees into rec (its own
- * first, live before expired at now); false when there is none.  A plain index lookup through the
- * primary key with a new snapshot, as a READ COMMITTED statement would take:
- * this is the hottest read of the API, so it does without the executor.
- * Nearly always one record matches, the caller's own, and the scan stops.
- */
-bool
-idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
-				TimestampTz now, IdemRecord *rec)
-{
-	const KeysCatalog *c = get_catalog();
-	Relation	rel;
-	Relation	index;
-	ScanKeyData skey[2];
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
-	TupleTableSlot *best = NULL;
-	int			best_rank = -1;
-	Snapshot	snapshot;
-
-	/*
-	 * A new snapshot, not the statement's: a claim that lost a race must see
-	 * the winner's commit, and a second claim in one statement the first's
-	 * insert (SPI has advanced the command counter after it).
-	 */
-	snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	rel = table_open(c->keys_relid, AccessShareLock);
-	index = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
-	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(scope));
-	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(key));
-	slot = table_slot_create(rel, NULL);
-	scan = index_beginscan(rel, index, snapshot, 2, 0);
-	index_rescan(scan, skey, 2, NULL, 0);
-
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
-	{
-		int			rank = record_rank(c, slot, call->caller, now);
-
-		if (rank < 0 || (best_rank >= 0 && rank >= best_rank))
-			continue;
-		if (rank == 0)
-		{
-			best = slot;		/* the caller's own live record: look no further */
-			break;
-		}
-		if (best == NULL)
-			best = table_slot_create(rel, NULL);
-		ExecCopySlot(best, slot);
-		best_rank = rank;
-	}
-	if (best)
-		read_record(c, best, fingerprint, call->caller_cxt, rec);
-
-	index_endscan(scan);
-	if (best && best != slot)
-		ExecDropSingleTupleTableSlot(best);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, AccessShareLock);
-	table_close(rel, AccessShareLock);
-	UnregisterSnapshot(snapshot);
-	return best != NULL;
-}
-
-/*
- * Inserts a new claim owned by owner, unless a record of (scope, key, owner)
- * exists; returns whether it did, and its fence.  The caller holds the key
- * lock.
- */
-bool
-idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint,
-				 Interval *lease, Interval *retention, TimestampTz now, int64 *fence)
-{
-	Datum		values[7] = {PointerGetDatum(scope), PointerGetDatum(key),
-		ObjectIdGetDatum(owner), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
-	IntervalPGetDatum(retention), TimestampTzGetDatum(now)};
-	bool		isnull;
-
-	lock_key(scope, key);
-	if (run_plan(PLAN_INSERT, values, NULL, false) != 1)
-		return false;
-	*fence = DatumGetInt64(result_col(1, &isnull));
-	return true;
-}
-
 /*
  * Makes owner's expired record of (scope, key) a new claim; returns whether
  * it was still expired, and the new fence.
@@ -722,7 +490,6 @@ idem_keys_reset(text *scope, text *key, Oid owner, bytea *fingerprint,
 	IntervalPGetDatum(retention), TimestampTzGetDatum(now)};
 	bool		isnull;
 
-	lock_key(scope, key);
 	if (run_plan(PLAN_RESET, values, NULL, false) != 1)
 		return false;
 	*fence = DatumGetInt64(result_col(1, &isnull));
@@ -743,7 +510,6 @@ idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fenc
 	TimestampTzGetDatum(now)};
 	bool		isnull;
 
-	lock_key(scope, key);
 	if (run_plan(PLAN_TAKEOVER, values, NULL, false) != 1)
 		return false;
 	result->fence = DatumGetInt64(result_col(1, &isnull));
@@ -752,6 +518,25 @@ idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fenc
 	result->recovery_state = (Jsonb *) result_varlena(4, call->caller_cxt);
 	result->created_at = DatumGetTimestampTz(result_col(5, &isnull));
 	return true;
+}
+
+/*
+ * Restarts, at now, the lease of the claim that fence just won, and with a
+ * retention also its record's life: for a claim whose write was kept
+ * waiting by another transaction, so that its lease starts when it won.
+ */
+void
+idem_keys_restamp(text *scope, text *key, Oid owner, int64 fence, TimestampTz now,
+				  Interval *retention)
+{
+	Datum		values[6] = {PointerGetDatum(scope), PointerGetDatum(key),
+		ObjectIdGetDatum(owner), Int64GetDatum(fence), TimestampTzGetDatum(now),
+	PointerGetDatum(retention)};
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', retention ? ' ' : 'n'};
+
+	if (run_plan(PLAN_RESTAMP, values, nulls, false) != 1)
+		elog(ERROR, "the claim just won of idempotency key \"%s\" is gone",
+			 text_to_cstring(key));
 }
 
 /*
@@ -768,7 +553,7 @@ idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fenc
 void
 idem_keys_flush_fence(void)
 {
-	Relation	seqrel = relation_open(get_catalog()->fence_seq_relid, AccessShareLock);
+	Relation	seqrel = relation_open(idem_keys_catalog()->fence_seq_relid, AccessShareLock);
 	Buffer		buf = ReadBuffer(seqrel, 0);
 	XLogRecPtr	lsn;
 
@@ -779,20 +564,6 @@ idem_keys_flush_fence(void)
 	XLogFlush(lsn);
 }
 
-/* Stores the response if this fence owns the claim and the caller sees it. */
-bool
-idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 status_code,
-				   Jsonb *headers, bytea *body, TimestampTz now)
-{
-	Datum		values[8] = {PointerGetDatum(scope), PointerGetDatum(key),
-		Int64GetDatum(fence), ObjectIdGetDatum(call->caller), Int32GetDatum(status_code),
-	PointerGetDatum(headers), PointerGetDatum(body), TimestampTzGetDatum(now)};
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', headers ? ' ' : 'n', body ? ' ' : 'n', ' '};
-
-	lock_key(scope, key);
-	return run_plan(PLAN_COMPLETE, values, nulls, false) == 1;
-}
-
 /* Deletes the claim if this fence owns it and the caller sees it. */
 bool
 idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence)
@@ -800,7 +571,6 @@ idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence)
 	Datum		values[4] = {PointerGetDatum(scope), PointerGetDatum(key),
 	Int64GetDatum(fence), ObjectIdGetDatum(call->caller)};
 
-	lock_key(scope, key);
 	return run_plan(PLAN_RELEASE, values, NULL, false) == 1;
 }
 
@@ -818,7 +588,6 @@ idem_keys_extend(IdemCall *call, text *scope, text *key, int64 fence, Interval *
 	char		nulls[6] = {' ', ' ', ' ', ' ', lease ? ' ' : 'n', ' '};
 	bool		isnull;
 
-	lock_key(scope, key);
 	if (run_plan(PLAN_EXTEND, values, nulls, false) != 1)
 		return false;
 	*ends = DatumGetTimestampTz(result_col(1, &isnull));
@@ -835,7 +604,6 @@ idem_keys_checkpoint(IdemCall *call, text *scope, text *key, int64 fence,
 	PointerGetDatum(recovery_state), TimestampTzGetDatum(now)};
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', recovery_state ? ' ' : 'n', ' '};
 
-	lock_key(scope, key);
 	return run_plan(PLAN_CHECKPOINT, values, nulls, false) == 1;
 }
 

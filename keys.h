@@ -3,8 +3,7 @@
  *	  Access to idempotency.keys, the table of records (keys.c).
  *
  * Every read and write of a record goes through here, as the table's
- * owner, between idem_call_begin and idem_call_end.  Every write holds the
- * record's key lock until its transaction ends.
+ * owner, between idem_call_begin and idem_call_end.
  *-------------------------------------------------------------------------
  */
 #ifndef IDEMPOTENCY_KEYS_H
@@ -15,6 +14,46 @@
 #include "access/htup.h"
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
+
+/* The columns of idempotency.keys. */
+typedef enum IdemKeysColumn
+{
+	IDEM_COL_FENCE,
+	IDEM_COL_CREATED_AT,
+	IDEM_COL_EXPIRES_AT,
+	IDEM_COL_LEASE_EXPIRES_AT,
+	IDEM_COL_COMPLETED_AT,
+	IDEM_COL_LEASE,
+	IDEM_COL_ATTEMPT,
+	IDEM_COL_STATUS_CODE,
+	IDEM_COL_STATE,
+	IDEM_COL_OWNER,
+	IDEM_COL_SCOPE,
+	IDEM_COL_KEY,
+	IDEM_COL_FINGERPRINT,
+	IDEM_COL_RECOVERY_POINT,
+	IDEM_COL_RECOVERY_STATE,
+	IDEM_COL_HEADERS,
+	IDEM_COL_BODY,
+	IDEM_NUM_COLS
+} IdemKeysColumn;
+
+/*
+ * What the calls need to know of the extension's objects, looked up once per
+ * backend and forgotten when the table's relcache entry is invalidated (DROP
+ * and CREATE EXTENSION): the table's owner, as whom every call runs, and
+ * its columns, which the direct reads and writes use.
+ */
+typedef struct IdemKeysCatalog
+{
+	Oid			namespace;
+	Oid			keys_relid;
+	Oid			fence_seq_relid;
+	Oid			table_owner;
+	Oid			in_progress_label;	/* the enum values of idempotency.state */
+	Oid			completed_label;
+	AttrNumber	att[IDEM_NUM_COLS];
+} IdemKeysCatalog;
 
 /* One call of the API: who called, and what to restore when it ends. */
 typedef struct IdemCall
@@ -51,45 +90,23 @@ typedef struct IdemTakeover
 	TimestampTz created_at;
 } IdemTakeover;
 
-/* How idem_keys_lock got the key's lock. */
-typedef enum IdemLockResult
-{
-	IDEM_LOCK_AT_ONCE,			/* nobody held it */
-	IDEM_LOCK_AFTER_WAIT,		/* another transaction held it, and ended */
-	IDEM_LOCK_TIMED_OUT			/* another transaction still holds it */
-} IdemLockResult;
-
-/* How idem_keys_wait_for_writer went. */
-typedef enum IdemWriterWait
-{
-	IDEM_NO_WRITER,				/* nobody else holds the key lock */
-	IDEM_WRITER_ENDED,			/* another transaction held it, and ended */
-	IDEM_WRITER_STILL_THERE		/* it still holds it after the timeout */
-} IdemWriterWait;
-
+extern const IdemKeysCatalog *idem_keys_catalog(void);
 extern void idem_call_begin(IdemCall *call);
 extern void idem_call_end(IdemCall *call);
 
 extern uint64 idem_key_hash(text *scope, text *key);
-extern IdemLockResult idem_keys_lock(uint64 keyhash, long timeout_ms);
-extern IdemWriterWait idem_keys_wait_for_writer(uint64 keyhash, long timeout_ms);
+extern bool idem_wait_for_xact(TransactionId xid, long timeout_ms);
 
-extern bool idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
-							TimestampTz now, IdemRecord *rec);
-extern bool idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint,
-							 Interval *lease, Interval *retention, TimestampTz now,
-							 int64 *fence);
 extern bool idem_keys_reset(text *scope, text *key, Oid owner, bytea *fingerprint,
 							Interval *lease, Interval *retention, TimestampTz now,
 							int64 *fence);
 extern bool idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner,
 							   int64 fence, Interval *lease, TimestampTz now,
 							   IdemTakeover *result);
+extern void idem_keys_restamp(text *scope, text *key, Oid owner, int64 fence,
+							  TimestampTz now, Interval *retention);
 extern void idem_keys_flush_fence(void);
 
-extern bool idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence,
-							   int32 status_code, Jsonb *headers, bytea *body,
-							   TimestampTz now);
 extern bool idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence);
 extern bool idem_keys_extend(IdemCall *call, text *scope, text *key, int64 fence,
 							 Interval *lease, TimestampTz now, TimestampTz *ends);

@@ -26,6 +26,7 @@
 #include "headers.h"
 #include "idempotency.h"
 #include "keys.h"
+#include "keysheap.h"
 #include "stats.h"
 #include "wait.h"
 

@@ -1,0 +1,550 @@
+/*-------------------------------------------------------------------------
+ * keysheap.c
+ *	  The hot paths to idempotency.keys, without the executor: claim's read
+ *	  of a record, its insert of a new claim, and complete's update.
+ *
+ * A fresh claim and its complete are most of the API's work; through SPI
+ * each paid an executor start-up, and the insert an extra descent of the
+ * primary key for ON CONFLICT's pre-check.  Here they use the table and
+ * index access methods directly, as PostgreSQL's own INSERT ... ON CONFLICT
+ * and UPDATE do underneath:
+ *
+ * - the insert is a speculative insertion: the heap tuple is inserted with
+ *   a speculative token, then the primary key entry with a partial unique
+ *   check; on a possible conflict (another transaction's record of the same
+ *   (scope, key, owner), committed or not) the tuple is killed and the
+ *   claim reads again, after waiting for that transaction.  So a concurrent
+ *   claim never gets a second `new`, exactly as with ON CONFLICT.
+ * - the update finds the claim's row under a fresh snapshot and updates it
+ *   with table_tuple_update, which waits for a concurrent writer of the row;
+ *   if that writer changed it, READ COMMITTED reads the row again and
+ *   re-checks the fence (as EvalPlanQual would), and REPEATABLE READ fails
+ *   with 40001, as an UPDATE would.  It is HOT whenever the page has room,
+ *   as complete changes no indexed column.
+ *
+ * Everything else (reset, takeover, release, extend, checkpoint, lookup,
+ * reap) stays in SPI plans (keys.c): they are rare, or bulk.  Triggers on
+ * idempotency.keys do not fire for these two writes.
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/detoast.h"
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relation.h"
+#include "access/skey.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/index.h"
+#include "catalog/pg_collation.h"
+#include "commands/sequence.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "nodes/execnodes.h"
+#include "storage/lmgr.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "args.h"
+#include "compat.h"
+#include "keys.h"
+#include "keysheap.h"
+
+/* The indexes of idempotency.keys that a write maintains. */
+#define MAX_KEYS_INDEXES 8
+
+/* The table and its indexes, open for one write. */
+typedef struct KeysRel
+{
+	Relation	rel;
+	int			nindexes;
+	Relation	indexes[MAX_KEYS_INDEXES];
+	IndexInfo  *info[MAX_KEYS_INDEXES];
+} KeysRel;
+
+/*
+ * IndexInfo of the table's indexes, built once per backend (as the executor
+ * builds them once per statement) and forgotten with the table's relcache
+ * entry.
+ */
+static MemoryContext index_info_cxt = NULL;
+static Oid	index_info_oid[MAX_KEYS_INDEXES];
+static IndexInfo *index_info[MAX_KEYS_INDEXES];
+static int	index_info_count = 0;
+
+/* Forgets the cached IndexInfo when the table's (or an index's) relcache entry goes. */
+static void
+index_info_invalidate(Datum arg, Oid relid)
+{
+	if (index_info_cxt != NULL)
+		MemoryContextReset(index_info_cxt);
+	index_info_count = 0;
+}
+
+/* Returns the IndexInfo of an index of the table, cached per backend. */
+static IndexInfo *
+cached_index_info(Relation index)
+{
+	MemoryContext old;
+	IndexInfo  *info;
+
+	for (int i = 0; i < index_info_count; i++)
+		if (index_info_oid[i] == RelationGetRelid(index))
+			return index_info[i];
+	if (index_info_cxt == NULL)
+	{
+		index_info_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency index info",
+											   ALLOCSET_SMALL_SIZES);
+		CacheRegisterRelcacheCallback(index_info_invalidate, (Datum) 0);
+	}
+	old = MemoryContextSwitchTo(index_info_cxt);
+	info = BuildIndexInfo(index);
+	MemoryContextSwitchTo(old);
+	if (index_info_count < MAX_KEYS_INDEXES)
+	{
+		index_info_oid[index_info_count] = RelationGetRelid(index);
+		index_info[index_info_count++] = info;
+	}
+	return info;
+}
+
+/* Opens the table and all its indexes for a write (locks kept to the end of the transaction). */
+static void
+keys_open(KeysRel *k)
+{
+	List	   *oids;
+	ListCell   *lc;
+
+	k->rel = table_open(idem_keys_catalog()->keys_relid, RowExclusiveLock);
+	oids = RelationGetIndexList(k->rel);
+	if (list_length(oids) > MAX_KEYS_INDEXES)
+		elog(ERROR, "idempotency.keys has more than %d indexes", MAX_KEYS_INDEXES);
+	k->nindexes = 0;
+	foreach(lc, oids)
+	{
+		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
+
+		k->indexes[k->nindexes] = index;
+		k->info[k->nindexes++] = cached_index_info(index);
+	}
+	list_free(oids);
+}
+
+/* Closes what keys_open opened, keeping the locks. */
+static void
+keys_close(KeysRel *k)
+{
+	for (int i = 0; i < k->nindexes; i++)
+		index_close(k->indexes[i], NoLock);
+	table_close(k->rel, NoLock);
+}
+
+/* Starts an index scan of the primary key for the records of (scope, key). */
+static IndexScanDesc
+begin_key_scan(Relation rel, Relation pk, Snapshot snapshot, text *scope, text *key)
+{
+	ScanKeyData skey[2];
+	IndexScanDesc scan;
+
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(scope));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(key));
+	scan = index_beginscan(rel, pk, snapshot, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+	return scan;
+}
+
+/* Returns a column of the slot's tuple that may not be NULL. */
+static Datum
+slot_col(TupleTableSlot *slot, IdemKeysColumn col)
+{
+	AttrNumber	attnum = idem_keys_catalog()->att[col];
+	bool		isnull;
+	Datum		value = slot_getattr(slot, attnum, &isnull);
+
+	if (isnull)
+		elog(ERROR, "unexpected null in column %d of idempotency.keys", attnum);
+	return value;
+}
+
+/* Copies a varlena column of the slot, detoasted, into cxt; NULL when NULL. */
+static struct varlena *
+slot_varlena(TupleTableSlot *slot, IdemKeysColumn col, MemoryContext cxt)
+{
+	bool		isnull;
+	Datum		value = slot_getattr(slot, idem_keys_catalog()->att[col], &isnull);
+	MemoryContext old;
+	struct varlena *copy;
+
+	if (isnull)
+		return NULL;
+	old = MemoryContextSwitchTo(cxt);
+	copy = PG_DETOAST_DATUM_COPY(value);
+	MemoryContextSwitchTo(old);
+	return copy;
+}
+
+/* Tells whether the caller sees records of owner: its own, or a role whose privileges it has. */
+static bool
+sees_owner(Oid caller, Oid owner)
+{
+	return owner == caller || has_privs_of_role(caller, owner);
+}
+
+/*
+ * Ranks a record for the caller: 0 its own live record, 1 a live one of a
+ * role whose privileges it has, 2 its own expired one, 3 another's expired
+ * one; -1 a record it does not see.  Claim decides on the lowest rank.
+ */
+static int
+record_rank(const IdemKeysCatalog *c, TupleTableSlot *slot, Oid caller, TimestampTz now)
+{
+	Oid			owner = DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER));
+	bool		own = (owner == caller);
+	bool		completed;
+	bool		isnull;
+	Datum		lease_end;
+	bool		expired;
+
+	if (!own && !has_privs_of_role(caller, owner))
+		return -1;
+	completed = DatumGetObjectId(slot_col(slot, IDEM_COL_STATE)) == c->completed_label;
+	lease_end = slot_getattr(slot, c->att[IDEM_COL_LEASE_EXPIRES_AT], &isnull);
+	expired = DatumGetTimestampTz(slot_col(slot, IDEM_COL_EXPIRES_AT)) <= now &&
+		(completed || isnull || DatumGetTimestampTz(lease_end) <= now);
+	return (expired ? 2 : 0) + (own ? 0 : 1);
+}
+
+/* Fills rec from the record in slot; the response too when claim will replay it. */
+static void
+read_record(const IdemKeysCatalog *c, TupleTableSlot *slot, bytea *fingerprint,
+			MemoryContext cxt, IdemRecord *rec)
+{
+	bytea	   *stored = DatumGetByteaPP(slot_col(slot, IDEM_COL_FINGERPRINT));
+	bool		isnull;
+	Datum		lease_end = slot_getattr(slot, c->att[IDEM_COL_LEASE_EXPIRES_AT], &isnull);
+
+	rec->owner = DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER));
+	rec->fence = DatumGetInt64(slot_col(slot, IDEM_COL_FENCE));
+	rec->completed = DatumGetObjectId(slot_col(slot, IDEM_COL_STATE)) == c->completed_label;
+	rec->same_fingerprint =
+		VARSIZE_ANY_EXHDR(stored) == VARSIZE_ANY_EXHDR(fingerprint) &&
+		memcmp(VARDATA_ANY(stored), VARDATA_ANY(fingerprint),
+			   VARSIZE_ANY_EXHDR(stored)) == 0;
+	rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
+	rec->expires_at = DatumGetTimestampTz(slot_col(slot, IDEM_COL_EXPIRES_AT));
+	rec->created_at = DatumGetTimestampTz(slot_col(slot, IDEM_COL_CREATED_AT));
+	rec->headers = NULL;
+	rec->body = NULL;
+	if (rec->completed && rec->same_fingerprint)
+	{
+		rec->status_code = DatumGetInt32(slot_col(slot, IDEM_COL_STATUS_CODE));
+		rec->headers = (Jsonb *) slot_varlena(slot, IDEM_COL_HEADERS, cxt);
+		rec->body = (bytea *) slot_varlena(slot, IDEM_COL_BODY, cxt);
+	}
+}
+
+/*
+ * Reads the record of (scope, key) that the caller sees into rec (its own
+ * first, live before expired at now); false when there is none.  A plain
+ * index lookup through the primary key with a new snapshot, as a READ
+ * COMMITTED statement would take: this is the hottest read of the API, so
+ * it does without the executor.  Nearly always one record matches, the
+ * caller's own, and the scan stops there.
+ */
+bool
+idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+				TimestampTz now, IdemRecord *rec)
+{
+	const IdemKeysCatalog *c = idem_keys_catalog();
+	Relation	rel;
+	Relation	pk;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	TupleTableSlot *best = NULL;
+	int			best_rank = -1;
+	Snapshot	snapshot;
+
+	/*
+	 * A new snapshot, not the statement's: a claim that lost a race must see
+	 * the winner's commit, and a second claim in one statement the first's
+	 * insert.
+	 */
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	rel = table_open(c->keys_relid, RowExclusiveLock);
+	pk = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
+	slot = table_slot_create(rel, NULL);
+	scan = begin_key_scan(rel, pk, snapshot, scope, key);
+
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		int			rank = record_rank(c, slot, call->caller, now);
+
+		if (rank < 0 || (best_rank >= 0 && rank >= best_rank))
+			continue;
+		if (rank == 0)
+		{
+			best = slot;		/* the caller's own live record: look no further */
+			break;
+		}
+		if (best == NULL)
+			best = table_slot_create(rel, NULL);
+		ExecCopySlot(best, slot);
+		best_rank = rank;
+	}
+	if (best)
+		read_record(c, best, fingerprint, call->caller_cxt, rec);
+
+	index_endscan(scan);
+	if (best && best != slot)
+		ExecDropSingleTupleTableSlot(best);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(pk, NoLock);
+	table_close(rel, NoLock);
+	UnregisterSnapshot(snapshot);
+	return best != NULL;
+}
+
+/*
+ * Returns a transaction, other than ours, that is writing a record of
+ * (scope, key) the caller sees (inserting, updating or deleting it, and not
+ * yet committed: maybe prepared); InvalidTransactionId when there is none.
+ * A dirty read through the primary key.
+ */
+TransactionId
+idem_keys_writer(IdemCall *call, text *scope, text *key)
+{
+	SnapshotData dirty;
+	Relation	rel;
+	Relation	pk;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	TransactionId writer = InvalidTransactionId;
+
+	InitDirtySnapshot(dirty);
+	rel = table_open(idem_keys_catalog()->keys_relid, RowExclusiveLock);
+	pk = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
+	slot = table_slot_create(rel, NULL);
+	scan = begin_key_scan(rel, pk, &dirty, scope, key);
+	while (!TransactionIdIsValid(writer) &&
+		   index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		TransactionId xid = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+
+		if (TransactionIdIsValid(xid) && !TransactionIdIsCurrentTransactionId(xid) &&
+			sees_owner(call->caller, DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER))))
+			writer = xid;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(pk, NoLock);
+	table_close(rel, NoLock);
+	return writer;
+}
+
+/*
+ * Inserts the index entries of the tuple in slot, the primary key's first.
+ * With speculative, the primary key is checked partially, without waiting:
+ * returns false, having inserted nothing else, when another record of its
+ * key exists (committed or not).  Otherwise a duplicate is an error.
+ */
+static bool
+insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative)
+{
+	Oid			pk = RelationGetPrimaryKeyIndex(k->rel);
+
+	for (int pass = 0; pass < 2; pass++)
+	{
+		for (int i = 0; i < k->nindexes; i++)
+		{
+			Relation	index = k->indexes[i];
+			bool		is_pk = (RelationGetRelid(index) == pk);
+			Datum		values[INDEX_MAX_KEYS];
+			bool		isnull[INDEX_MAX_KEYS];
+			IndexUniqueCheck check;
+
+			if (is_pk != (pass == 0))
+				continue;
+			check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO :
+				speculative ? UNIQUE_CHECK_PARTIAL : UNIQUE_CHECK_YES;
+			FormIndexDatum(k->info[i], slot, NULL, values, isnull);
+			if (!index_insert(index, values, isnull, &slot->tts_tid, k->rel, check,
+							  false, k->info[i]) &&
+				check == UNIQUE_CHECK_PARTIAL)
+				return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * Inserts a new claim of (scope, key) owned by owner, with a new fence;
+ * returns false when a record of (scope, key, owner) exists already, from
+ * a committed transaction or one still writing (the caller reads again,
+ * after waiting for it).
+ */
+bool
+idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint, Interval *lease,
+				 Interval *retention, TimestampTz now, int64 *fence)
+{
+	const IdemKeysCatalog *c = idem_keys_catalog();
+	KeysRel		k;
+	TupleDesc	desc;
+	Datum	   *values;
+	bool	   *nulls;
+	TupleTableSlot *slot;
+	uint32		token;
+	bool		inserted;
+
+	keys_open(&k);
+	desc = RelationGetDescr(k.rel);
+	values = palloc0(desc->natts * sizeof(Datum));
+	nulls = palloc(desc->natts * sizeof(bool));
+	memset(nulls, true, desc->natts * sizeof(bool));
+#define SET_COL(col, value) (values[c->att[col] - 1] = (value), nulls[c->att[col] - 1] = false)
+	*fence = nextval_internal(c->fence_seq_relid, false);
+	SET_COL(IDEM_COL_FENCE, Int64GetDatum(*fence));
+	SET_COL(IDEM_COL_CREATED_AT, TimestampTzGetDatum(now));
+	SET_COL(IDEM_COL_EXPIRES_AT, TimestampTzGetDatum(idem_interval_end(now, retention)));
+	SET_COL(IDEM_COL_LEASE_EXPIRES_AT, TimestampTzGetDatum(idem_interval_end(now, lease)));
+	SET_COL(IDEM_COL_LEASE, IntervalPGetDatum(lease));
+	SET_COL(IDEM_COL_ATTEMPT, Int32GetDatum(1));
+	SET_COL(IDEM_COL_STATE, ObjectIdGetDatum(c->in_progress_label));
+	SET_COL(IDEM_COL_OWNER, ObjectIdGetDatum(owner));
+	SET_COL(IDEM_COL_SCOPE, PointerGetDatum(scope));
+	SET_COL(IDEM_COL_KEY, PointerGetDatum(key));
+	SET_COL(IDEM_COL_FINGERPRINT, PointerGetDatum(fingerprint));
+#undef SET_COL
+
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(heap_form_tuple(desc, values, nulls), slot, true);
+	token = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
+	table_tuple_insert_speculative(k.rel, slot, GetCurrentCommandId(true), 0, NULL, token);
+	inserted = insert_index_entries(&k, slot, true);
+	table_tuple_complete_speculative(k.rel, slot, token, inserted);
+	SpeculativeInsertionLockRelease(GetCurrentTransactionId());
+
+	ExecDropSingleTupleTableSlot(slot);
+	keys_close(&k);
+	/* Later reads of this transaction see the new record. */
+	CommandCounterIncrement();
+	return inserted;
+}
+
+/*
+ * Finds, under snapshot, the in_progress record of (scope, key) that fence
+ * owns and the caller sees; copies it into slot.
+ */
+static bool
+find_claim(KeysRel *k, Snapshot snapshot, IdemCall *call, text *scope, text *key,
+		   int64 fence, TupleTableSlot *slot)
+{
+	const IdemKeysCatalog *c = idem_keys_catalog();
+	Relation	pk = index_open(RelationGetPrimaryKeyIndex(k->rel), RowExclusiveLock);
+	IndexScanDesc scan = begin_key_scan(k->rel, pk, snapshot, scope, key);
+	bool		found = false;
+
+	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
+		found = DatumGetInt64(slot_col(slot, IDEM_COL_FENCE)) == fence &&
+			DatumGetObjectId(slot_col(slot, IDEM_COL_STATE)) == c->in_progress_label &&
+			sees_owner(call->caller, DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER)));
+	if (found)
+		ExecMaterializeSlot(slot);
+	index_endscan(scan);
+	index_close(pk, NoLock);
+	return found;
+}
+
+/*
+ * Stores the response if this fence owns the claim and the caller sees it:
+ * the record becomes completed; returns whether it did.
+ */
+bool
+idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 status_code,
+				   Jsonb *headers, bytea *body, TimestampTz now)
+{
+	const IdemKeysCatalog *c = idem_keys_catalog();
+	KeysRel		k;
+	TupleDesc	desc;
+	TupleTableSlot *old_slot;
+	TupleTableSlot *new_slot;
+	Datum	   *values;
+	bool	   *nulls;
+	bool	   *replace;
+	bool		done = false;
+
+	keys_open(&k);
+	desc = RelationGetDescr(k.rel);
+	old_slot = table_slot_create(k.rel, NULL);
+	new_slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	values = palloc0(desc->natts * sizeof(Datum));
+	nulls = palloc0(desc->natts * sizeof(bool));
+	replace = palloc0(desc->natts * sizeof(bool));
+#define SET_COL(col, value, isnull) \
+	(values[c->att[col] - 1] = (value), nulls[c->att[col] - 1] = (isnull), replace[c->att[col] - 1] = true)
+	SET_COL(IDEM_COL_STATE, ObjectIdGetDatum(c->completed_label), false);
+	SET_COL(IDEM_COL_STATUS_CODE, Int32GetDatum(status_code), false);
+	SET_COL(IDEM_COL_HEADERS, PointerGetDatum(headers), headers == NULL);
+	SET_COL(IDEM_COL_BODY, PointerGetDatum(body), body == NULL);
+	SET_COL(IDEM_COL_COMPLETED_AT, TimestampTzGetDatum(now), false);
+	SET_COL(IDEM_COL_LEASE_EXPIRES_AT, (Datum) 0, true);
+#undef SET_COL
+
+	for (;;)
+	{
+		Snapshot	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+		TM_FailureData tmfd;
+		LockTupleMode lockmode;
+		IdemUpdateIndexes update_indexes;
+		TM_Result	result;
+		HeapTuple	old_tuple;
+		bool		should_free;
+
+		if (!find_claim(&k, snapshot, call, scope, key, fence, old_slot))
+		{
+			UnregisterSnapshot(snapshot);
+			break;
+		}
+		old_tuple = ExecFetchSlotHeapTuple(old_slot, false, &should_free);
+		ExecStoreHeapTuple(heap_modify_tuple(old_tuple, desc, values, nulls, replace),
+						   new_slot, true);
+		result = table_tuple_update(k.rel, &old_slot->tts_tid, new_slot,
+									GetCurrentCommandId(true), snapshot, InvalidSnapshot,
+									true, &tmfd, &lockmode, &update_indexes);
+		UnregisterSnapshot(snapshot);
+		if (result == TM_Ok)
+		{
+			if (IDEM_UPDATE_INDEXES_NEEDED(update_indexes))
+				(void) insert_index_entries(&k, new_slot, false);
+			done = true;
+			break;
+		}
+		if (result == TM_SelfModified)
+			break;				/* an earlier call of this transaction changed it */
+		if (result != TM_Updated && result != TM_Deleted)
+			elog(ERROR, "unexpected table_tuple_update status: %u", result);
+		/* A concurrent transaction changed the row, and committed. */
+		if (IsolationUsesXactSnapshot())
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+		/* READ COMMITTED: read it again, and check the fence again. */
+	}
+
+	ExecDropSingleTupleTableSlot(new_slot);
+	ExecDropSingleTupleTableSlot(old_slot);
+	keys_close(&k);
+	CommandCounterIncrement();
+	return done;
+}

@@ -1,0 +1,21 @@
+/*-------------------------------------------------------------------------
+ * keysheap.h
+ *	  The hot paths to idempotency.keys, without the executor (keysheap.c).
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_KEYSHEAP_H
+#define IDEMPOTENCY_KEYSHEAP_H
+
+#include "keys.h"
+
+extern bool idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+							TimestampTz now, IdemRecord *rec);
+extern TransactionId idem_keys_writer(IdemCall *call, text *scope, text *key);
+extern bool idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint,
+							 Interval *lease, Interval *retention, TimestampTz now,
+							 int64 *fence);
+extern bool idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence,
+							   int32 status_code, Jsonb *headers, bytea *body,
+							   TimestampTz now);
+
+#endif							/* IDEMPOTENCY_KEYSHEAP_H */
