@@ -10,6 +10,7 @@ use pin_project_lite::pin_project;
 
 pin_project! {
     /// A response body of the [`crate::Idempotency`] service.
+    #[derive(Debug)]
     #[project = ResponseBodyProj]
     pub enum ResponseBody<B> {
         /// The inner service's body, untouched.
