@@ -331,6 +331,32 @@ async fn a_handler_error_rolls_back_releases_and_is_returned() {
 }
 
 #[tokio::test]
+async fn a_handler_that_panics_leaves_neither_its_writes_nor_its_transaction_behind() {
+    let table = unique("panic");
+    create_table(&connect().await, &table).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (table, runs) = (table.clone(), runs.clone());
+        move |request: Request<Body>| {
+            let (table, runs, tx) = (table.clone(), runs.clone(), tx_of(&request));
+            async move {
+                let id = insert(tx, &table).await;
+                if runs.fetch_add(1, SeqCst) == 0 {
+                    panic!("the handler panics after its insert (this panic is expected)");
+                }
+                json_response(201, format!("{{\"charge\":{}}}", id))
+            }
+        }
+    };
+    // One connection: the second request gets the one the panic left.
+    let address = serve(IdempotencyLayer::new(Pool::new(common::config(), NoTls, 1)), handler).await;
+    let no_answer = tokio::spawn(async move { post(address, &unique("k"), b"{}", &[]).await });
+    assert!(no_answer.await.is_err(), "the connection closes without a response");
+    assert_eq!(post(address, &unique("k"), b"{}", &[]).await.status, 201);
+    assert_eq!(count_rows(&connect().await, &table).await, 1, "only the second request's insert committed");
+}
+
+#[tokio::test]
 async fn of_many_concurrent_requests_with_one_key_exactly_one_runs() {
     let layer = IdempotencyLayer::new(pool());
     let (address, table, runs) = charging_server("concurrent", layer, Duration::from_millis(300), 201).await;
@@ -379,7 +405,7 @@ async fn the_scope_is_a_hash_of_the_credential() {
         assert!(lookup(&db, &key, Some(&scope)).await.unwrap().is_some(), "scope {:?}", scope);
     }
     let leaked: i64 = db
-        .query_one("SELECT count(*) FROM idempotency.keys WHERE scope ~ 'sk_' OR headers::text ~ 'sk_'", &[])
+        .query_one("SELECT count(*) FROM idempotency.keys WHERE key = $1 AND (scope ~ 'sk_' OR headers::text ~ 'sk_')", &[&key])
         .await
         .unwrap()
         .get(0);
