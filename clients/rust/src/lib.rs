@@ -26,5 +26,10 @@ pub use error::Error;
 pub use fingerprint::fingerprint;
 pub use key::{parse_key, IDEMPOTENCY_KEY};
 pub use layer::{credential_scope, Idempotency, IdempotencyLayer};
-pub use pool::{Pool, PooledClient, Tx};
+pub use pool::{Pool, PooledClient, Tx, TxClient};
 pub use tokio_postgres;
+
+/// The Rust snippets of README.md, compiled by `cargo test`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

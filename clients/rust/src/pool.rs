@@ -159,14 +159,31 @@ impl Tx {
 
     /// Locks the transaction's connection for queries, for as long as the
     /// guard lives. `Err(Error::TransactionEnded)` once the response is sent.
-    pub async fn client(&self) -> Result<MappedMutexGuard<'_, Client>, Error> {
+    pub async fn client(&self) -> Result<TxClient<'_>, Error> {
         let guard = self.conn.lock().await;
         tokio::sync::MutexGuard::try_map(guard, |conn| conn.as_mut().map(|conn| &mut **conn))
+            .map(|guard| TxClient { guard })
             .map_err(|_| Error::TransactionEnded)
     }
 
     /// Takes the connection back from the handler (waiting for its guard to drop).
     pub(crate) async fn take(&self) -> Option<PooledClient> {
         self.conn.lock().await.take()
+    }
+}
+
+/// The connection of the request's transaction, locked for its handler. It
+/// derefs to `tokio_postgres::Client` for queries, and only shared: a
+/// `Client::transaction()` of its own would commit the layer's transaction.
+pub struct TxClient<'a> {
+    guard: MappedMutexGuard<'a, Client>,
+}
+
+impl Deref for TxClient<'_> {
+    type Target = Client;
+
+    /// The connection.
+    fn deref(&self) -> &Client {
+        &self.guard
     }
 }
