@@ -38,54 +38,58 @@ fn json_response(status: u16, body: String) -> Response<Body> {
 }
 
 /// A handler that counts its runs, inserts a row in `table` through the
-/// request's transaction, waits `delay`, then answers `status` with the row's id.
-fn charging(table: &str, runs: &Arc<AtomicUsize>, delay: Duration, status: u16) -> impl Fn(Request<Body>) -> Handled + Clone {
+/// request's transaction, waits `delay`, then answers what `respond` makes
+/// of the row's id, the run's number (from 0) and the claim's [`Owner`].
+fn inserting<R>(table: &str, runs: &Arc<AtomicUsize>, delay: Duration, respond: R) -> impl Fn(Request<Body>) -> Handled + Clone
+where
+    R: Fn(i64, usize, Option<Owner>) -> Response<Body> + Clone + Send + Sync + 'static,
+{
     let (table, runs) = (table.to_owned(), runs.clone());
     move |request| {
-        let (table, runs, tx) = (table.clone(), runs.clone(), tx_of(&request));
+        let (table, runs, respond, tx) = (table.clone(), runs.clone(), respond.clone(), tx_of(&request));
+        let owner = request.extensions().get::<Owner>().cloned();
         Box::pin(async move {
-            runs.fetch_add(1, SeqCst);
+            let run = runs.fetch_add(1, SeqCst);
             let id = insert(tx, &table).await;
             tokio::time::sleep(delay).await;
-            json_response(status, format!("{{\"charge\":{}}}", id))
+            respond(id, run, owner)
         })
     }
 }
 
-/// A table of its own, a run counter and a server with `layer` and a charging handler.
-async fn charging_server(name: &str, layer: IdempotencyLayer, delay: Duration, status: u16) -> (std::net::SocketAddr, String, Arc<AtomicUsize>) {
+/// A handler that inserts a charge, waits `delay`, then answers `status` with `{"charge": id}`.
+fn charging(table: &str, runs: &Arc<AtomicUsize>, delay: Duration, status: u16) -> impl Fn(Request<Body>) -> Handled + Clone {
+    inserting(table, runs, delay, move |id, _, _| json_response(status, format!("{{\"charge\":{}}}", id)))
+}
+
+/// A table of its own and a run counter, for a test's handler.
+async fn table_and_counter(name: &str) -> (String, Arc<AtomicUsize>) {
     let table = unique(name);
     create_table(&connect().await, &table).await;
-    let runs = Arc::new(AtomicUsize::new(0));
+    (table, Arc::new(AtomicUsize::new(0)))
+}
+
+/// A table of its own, a run counter and a server with `layer` and a charging handler.
+async fn charging_server(name: &str, layer: IdempotencyLayer, delay: Duration, status: u16) -> (std::net::SocketAddr, String, Arc<AtomicUsize>) {
+    let (table, runs) = table_and_counter(name).await;
     let address = serve(layer, charging(&table, &runs, delay, status)).await;
     (address, table, runs)
 }
 
 #[tokio::test]
 async fn the_first_request_runs_and_a_retry_replays_it_byte_for_byte() {
-    let table = unique("replay");
-    create_table(&connect().await, &table).await;
-    let runs = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let (table, runs) = (table.clone(), runs.clone());
-        move |request: Request<Body>| {
-            let (table, runs, tx) = (table.clone(), runs.clone(), tx_of(&request));
-            let owner = request.extensions().get::<Owner>().cloned();
-            async move {
-                runs.fetch_add(1, SeqCst);
-                let id = insert(tx, &table).await;
-                let mut body = vec![0u8, 0xff, b'\r', b'\n'];
-                body.extend_from_slice(format!("{} attempt {}", id, owner.map_or(0, |o| o.attempt)).as_bytes());
-                Response::builder()
-                    .status(201)
-                    .header("content-type", "application/octet-stream")
-                    .header("location", format!("/payments/{}", id))
-                    .header("x-not-stored", "1")
-                    .body(Body::from(body))
-                    .unwrap()
-            }
-        }
-    };
+    let (table, runs) = table_and_counter("replay").await;
+    let handler = inserting(&table, &runs, Duration::ZERO, |id, _, owner| {
+        let mut body = vec![0u8, 0xff, b'\r', b'\n'];
+        body.extend_from_slice(format!("{} attempt {}", id, owner.map_or(0, |o| o.attempt)).as_bytes());
+        Response::builder()
+            .status(201)
+            .header("content-type", "application/octet-stream")
+            .header("location", format!("/payments/{}", id))
+            .header("x-not-stored", "1")
+            .body(Body::from(body))
+            .unwrap()
+    });
     let address = serve(IdempotencyLayer::new(pool()), handler).await;
     let key = unique("k");
     let quoted = format!("\"{}\"", key);
@@ -250,10 +254,8 @@ async fn role_without_the_extension(table: &str) -> Pool {
 
 #[tokio::test]
 async fn a_failing_claim_fails_closed_or_with_fail_open_runs_in_a_transaction() {
-    let table = unique("claimfail");
-    create_table(&connect().await, &table).await;
+    let (table, runs) = table_and_counter("claimfail").await;
     let no_extension = role_without_the_extension(&table).await;
-    let runs = Arc::new(AtomicUsize::new(0));
     let closed = serve(IdempotencyLayer::new(no_extension.clone()), charging(&table, &runs, Duration::ZERO, 201)).await;
     post(closed, "\"k\"", b"{}", &[]).await.assert_problem(503, "idempotency_unavailable");
     assert_eq!(runs.load(SeqCst), 0);
@@ -304,6 +306,14 @@ async fn a_response_the_store_refuses_is_503_and_rolls_back() {
     let db = connect().await;
     assert_eq!(count_rows(&db, &table).await, 0);
     assert!(lookup(&db, &key, Some("")).await.unwrap().is_none(), "the key was released");
+
+    // A 5xx over the limit is released all the same.
+    let layer = IdempotencyLayer::new(pool_with_options("-c idempotency.max_response_bytes=8"));
+    let (address, _, runs) = charging_server("toolarge5xx", layer, Duration::ZERO, 500).await;
+    assert_eq!(post(address, &key, b"{}", &[]).await.status, 500);
+    assert!(lookup(&db, &key, Some("")).await.unwrap().is_none(), "the key was released");
+    assert_eq!(post(address, &key, b"{}", &[]).await.status, 500);
+    assert_eq!(runs.load(SeqCst), 2);
 }
 
 #[tokio::test]
@@ -332,22 +342,11 @@ async fn a_handler_error_rolls_back_releases_and_is_returned() {
 
 #[tokio::test]
 async fn a_handler_that_panics_leaves_neither_its_writes_nor_its_transaction_behind() {
-    let table = unique("panic");
-    create_table(&connect().await, &table).await;
-    let runs = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let (table, runs) = (table.clone(), runs.clone());
-        move |request: Request<Body>| {
-            let (table, runs, tx) = (table.clone(), runs.clone(), tx_of(&request));
-            async move {
-                let id = insert(tx, &table).await;
-                if runs.fetch_add(1, SeqCst) == 0 {
-                    panic!("the handler panics after its insert (this panic is expected)");
-                }
-                json_response(201, format!("{{\"charge\":{}}}", id))
-            }
-        }
-    };
+    let (table, runs) = table_and_counter("panic").await;
+    let handler = inserting(&table, &runs, Duration::ZERO, |id, run, _| {
+        assert!(run > 0, "the handler panics after its first insert (this panic is expected)");
+        json_response(201, format!("{{\"charge\":{}}}", id))
+    });
     // One connection: the second request gets the one the panic left.
     let address = serve(IdempotencyLayer::new(Pool::new(common::config(), NoTls, 1)), handler).await;
     let no_answer = tokio::spawn(async move { post(address, &unique("k"), b"{}", &[]).await });

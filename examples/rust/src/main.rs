@@ -49,9 +49,12 @@ async fn serve() -> Result<(), Box<dyn Error>> {
         .await?
         .get(0);
     drop(db);
+    if lease_micros <= 0 {
+        return Err(format!("IDEMPOTENCY_LEASE must be positive, not {:?}", lease).into());
+    }
 
     let layer = IdempotencyLayer::new(pool)
-        .lease(Duration::from_micros(lease_micros.max(1) as u64))
+        .lease(Duration::from_micros(lease_micros as u64))
         .fail_open(env::var("IDEMPOTENCY_FAIL_OPEN").as_deref() == Ok("on"));
     let service = layer.layer(service_fn(route));
     let port: u16 = env::var("PORT").unwrap_or_else(|_| "3000".into()).parse()?;
