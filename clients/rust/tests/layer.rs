@@ -133,7 +133,8 @@ async fn a_retry_while_the_first_runs_is_409_with_retry_after() {
         let key = key.clone();
         async move { post(address, &key, b"{}", &[]).await }
     });
-    started.notified().await;
+    let started = tokio::time::timeout(Duration::from_secs(10), started.notified()).await;
+    started.expect("the first request's handler starts");
     let busy = post(address, &key, b"{}", &[]).await;
     busy.assert_problem(409, "idempotency_key_in_progress");
     let retry_after: u32 = busy.header("retry-after").unwrap().parse().unwrap();

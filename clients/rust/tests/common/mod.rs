@@ -7,7 +7,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hyper::service::{make_service_fn, service_fn};
 use hyper::{Body, Request, Response, Server};
@@ -130,11 +130,15 @@ pub async fn send(address: SocketAddr, method: &str, target: &str, headers: &[(&
         request.push_str(&format!("{}: {}\r\n", name, value));
     }
     request.push_str("\r\n");
-    let mut stream = TcpStream::connect(address).await.unwrap();
-    stream.write_all(request.as_bytes()).await.unwrap();
-    stream.write_all(body).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
+    let exchange = async {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        stream.write_all(body).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        raw
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(30), exchange).await.expect("an answer within 30 s");
     parse_reply(&raw)
 }
 
