@@ -1,0 +1,74 @@
+//! The error of every database call, sorted by what the caller does next.
+
+use std::fmt;
+
+/// Why a call into the extension failed.
+#[derive(Debug)]
+pub enum Error {
+    /// IK001: the fence no longer owns the claim (a retry took it over after
+    /// the lease ended, or it was released, completed or reaped). Nothing
+    /// changed; roll back the transaction the call ran in.
+    ClaimLost(tokio_postgres::Error),
+    /// 22004 or 22023: an argument the extension refuses (an empty or too
+    /// long key, a status code outside 100..599, a lease that is not positive...).
+    InvalidArgument(tokio_postgres::Error),
+    /// 54000: a response over `idempotency.max_response_bytes`; the claim stays as it was.
+    TooLarge(tokio_postgres::Error),
+    /// Anything else: the connection, the server, a missing extension or privilege.
+    Database(tokio_postgres::Error),
+    /// The request's transaction was used after the response was sent.
+    TransactionEnded,
+}
+
+impl Error {
+    /// The SQLSTATE the server answered, if it answered one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        self.source_error().and_then(|err| err.code()).map(|code| code.code())
+    }
+
+    /// The tokio-postgres error underneath, if any.
+    fn source_error(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            Error::ClaimLost(err) | Error::InvalidArgument(err) | Error::TooLarge(err) | Error::Database(err) => {
+                Some(err)
+            }
+            Error::TransactionEnded => None,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    /// Sorts a database error by its SQLSTATE.
+    fn from(err: tokio_postgres::Error) -> Error {
+        match err.code().map(|code| code.code()) {
+            Some("IK001") => Error::ClaimLost(err),
+            Some("22004" | "22023") => Error::InvalidArgument(err),
+            Some("54000") => Error::TooLarge(err),
+            _ => Error::Database(err),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    /// Says what failed, then the server's message.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self {
+            Error::ClaimLost(_) => "the claim was lost",
+            Error::InvalidArgument(_) => "invalid argument",
+            Error::TooLarge(_) => "the response is too large to store",
+            Error::Database(_) => "database error",
+            Error::TransactionEnded => return f.write_str("the request's transaction has ended"),
+        };
+        match self.source_error().and_then(|err| err.as_db_error()) {
+            Some(db) => write!(f, "{}: {}", what, db.message()),
+            None => write!(f, "{}: {}", what, self.source_error().map(ToString::to_string).unwrap_or_default()),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    /// The tokio-postgres error underneath.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source_error().map(|err| err as _)
+    }
+}
