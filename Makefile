@@ -4,8 +4,9 @@ MODULE_big = idempotency
 OBJS = $(patsubst %.c,%.o,$(sort $(wildcard *.c)))
 PGFILEDESC = "idempotency - idempotency keys for HTTP APIs"
 
-EXTENSION = idempotency
+EXTENSION = idempotency idempotency_proxy
 DATA = idempotency--1.0.sql
+DATA += idempotency--1.0--1.1.sql idempotency_proxy--1.1.sql
 
 PG_CPPFLAGS = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 SHLIB_LINK = -lcrypto
