@@ -148,6 +148,7 @@ pool_mode = transaction
 default_pool_size = 20
 max_client_conn = 200
 server_login_retry = 1
+query_wait_timeout = 5
 logfile = $PostgreSQL::Test::Utils::log_path/pgbouncer_$port.log
 pidfile = $dir/pgbouncer.pid
 });
