@@ -111,12 +111,15 @@ CREATE FUNCTION evil.current_setting(text, boolean) RETURNS text
 	LANGUAGE sql AS $$ SELECT 'hijacked' $$;
 GRANT USAGE ON SCHEMA evil TO PUBLIC;
 });
-on_proxy(
-	"SET ROLE app; SET search_path = evil, pg_catalog; SET idempotency.scope = 'acct_17'; "
-	  . "SELECT idempotency.claim('path', '\\x01')");
+my $hostile = "SET ROLE app; SET search_path = evil, pg_catalog; SET idempotency.scope = 'acct_17';";
+my $path_fence = on_proxy("$hostile SELECT fence FROM idempotency.claim('path', '\\x01')");
 is( shard_of('acct_17')->safe_psql('postgres',
 		"SELECT scope FROM idempotency.keys WHERE key = 'path'"),
-	'acct_17', "a hostile search_path does not change the proxy's scope");
+	'acct_17', "a hostile search_path does not change the scope of claim");
+is( on_proxy(
+		"$hostile SELECT state FROM idempotency.lookup('path'); "
+		  . "SELECT idempotency.release('path', $path_fence)"),
+	"in_progress\nt", 'nor that of lookup and release');
 
 # --- Privileges: USAGE on the schema and on the server.
 $proxy->safe_psql('postgres',
