@@ -16,6 +16,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 
+# The pgbouncers started here, stopped however the test ends.
+my @bouncers;
+END { $_->kill_kill for @bouncers; }
+
 our @EXPORT = qw(proxy_requirements_missing proxy_cluster proxy_stop
   partition_connstr set_partitions sqlstate_of wait_until psql_start psql_finish);
 
@@ -154,6 +158,7 @@ pidfile = $dir/pgbouncer.pid
 });
 	$c->{bouncer} = IPC::Run::start([ _pgbouncer(), "$dir/pgbouncer.ini" ],
 		'>', \my $out, '2>', \my $err);
+	push @bouncers, $c->{bouncer};
 	$c->{bouncer_port} = $port;
 	wait_until(
 		sub {
@@ -170,6 +175,7 @@ sub proxy_stop
 	my ($c) = @_;
 	if ($c->{bouncer})
 	{
+		@bouncers = grep { $_ != $c->{bouncer} } @bouncers;
 		$c->{bouncer}->signal('TERM');
 		$c->{bouncer}->finish;
 		delete $c->{bouncer};
