@@ -73,6 +73,12 @@ is( on_proxy(sprintf($signature_sql, $names)),
 	$shards[0]->safe_psql('postgres', sprintf($signature_sql, $names)),
 	'every function has the same arguments, defaults and result columns as on a shard');
 
+# A proxy holds no records: the two extensions never share a database.
+is(sqlstate_of($shards[0], 'CREATE EXTENSION idempotency_proxy CASCADE'),
+	'55000', 'idempotency_proxy refuses a database that has idempotency');
+isnt(sqlstate_of($proxy, 'CREATE EXTENSION idempotency'),
+	'no error', 'and idempotency cannot be added to the proxy');
+
 # --- Placement: each record sits on the shard the rule names.
 my @scopes = ('', 'acct_42', map { "acct_$_" } 1 .. 30);
 on_proxy(join ";\n",
