@@ -17,8 +17,9 @@ OBJS = \
 	wait.o
 PGFILEDESC = "idempotency - idempotency keys for HTTP APIs"
 
-EXTENSION = idempotency
+EXTENSION = idempotency idempotency_proxy
 DATA = idempotency--1.0.sql
+DATA += idempotency--1.0--1.1.sql idempotency_proxy--1.1.sql
 
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 SHLIB_LINK = -lcrypto
