@@ -13,6 +13,7 @@ OBJS = \
 	keysheap.o \
 	reaper.o \
 	record.o \
+	shard.o \
 	stats.o \
 	wait.o
 PGFILEDESC = "idempotency - idempotency keys for HTTP APIs"

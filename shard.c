@@ -17,7 +17,7 @@
 #include "fmgr.h"
 #include "mb/pg_wchar.h"
 
-#include "idempotency.h"
+#include "args.h"
 
 /* The most shards a cluster may have: PL/Proxy's partitions are far fewer. */
 #define MAX_SHARDS 65536
@@ -50,7 +50,7 @@ scope_hash(FunctionCallInfo fcinfo, int argno)
 	char	   *utf8;
 	int			len;
 
-	require_arg(fcinfo, argno, "scope");
+	idem_require_arg(fcinfo, argno, "scope");
 	scope = PG_GETARG_TEXT_PP(argno);
 	len = VARSIZE_ANY_EXHDR(scope);
 	utf8 = pg_server_to_any(VARDATA_ANY(scope), len, PG_UTF8);
@@ -74,7 +74,7 @@ idempotency_shard_of(PG_FUNCTION_ARGS)
 	int32		hash;
 
 	hash = scope_hash(fcinfo, 0);
-	require_arg(fcinfo, 1, "shards");
+	idem_require_arg(fcinfo, 1, "shards");
 	shards = PG_GETARG_INT32(1);
 	if (shards < 1 || shards > MAX_SHARDS || (shards & (shards - 1)) != 0)
 		ereport(ERROR,
