@@ -9,7 +9,7 @@
 -- scope, colocated with colocate_with, and the API functions delegated by
 -- their scope argument.  Run once on the Citus coordinator, after CREATE
 -- EXTENSION idempotency; running it again with the same table changes
--- nothing but re-raising the fence sequences.
+-- nothing.
 CREATE FUNCTION idempotency.citus_distribute(colocate_with regclass)
 RETURNS void
 LANGUAGE plpgsql
@@ -133,7 +133,7 @@ BEGIN
 	-- so far (each node had its own sequence, and the coordinator's rows
 	-- came with fences from its sequence).
 	SELECT greatest(coalesce(max(result::bigint), 0),
-					(SELECT coalesce(max(fence), 0) FROM idempotency.keys)) + 1
+					(SELECT coalesce(max(fence), 0) FROM idempotency.keys))
 	INTO fence_top
 	FROM run_command_on_all_nodes('SELECT last_value FROM idempotency.fence_seq')
 	WHERE success;
