@@ -229,6 +229,8 @@ my @null_shapes = (
 	q{SELECT idempotency.checkpoint('n', 1, 'step')},
 	q{SELECT * FROM idempotency.lookup('n')},
 	q{BEGIN; SET LOCAL idempotency.scope = 'acct_1'; SELECT * FROM idempotency.claim('n', '\x01'); COMMIT});
+# Phase 2 deletes this skip: with the guard in place, a missing guard must
+# fail here, not be skipped.
 SKIP:
 {
 	skip "$phase2: without the NULL-scope guard these calls crash the coordinator",
