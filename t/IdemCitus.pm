@@ -1,0 +1,126 @@
+# Helpers for the Citus TAP tests: a coordinator and two workers on
+# 127.0.0.1 that preload citus and the library, with the extension created
+# on the coordinator (Citus propagates it), and the facts the tests ask of
+# them (which worker holds a scope, whether a node crashed).
+
+package IdemCitus;
+
+use strict;
+use warnings FATAL => 'all';
+
+use Exporter 'import';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+our @EXPORT = qw(citus_skip_unless_installed citus_cluster citus_stop
+  citus_shard_of citus_worker_of citus_crashed);
+
+# The Citus release the tests are written against (scripts/install-citus).
+my $citus_version = '13.2.2';
+
+# Skips the whole test file unless Citus is installed in the PostgreSQL the
+# tests run against; the message says how to install it.
+sub citus_skip_unless_installed
+{
+	my $probe = PostgreSQL::Test::Cluster->new('citus_probe');
+	my $pkglibdir = $probe->config_data('--pkglibdir');
+
+	return if -e "$pkglibdir/citus.so";
+	plan skip_all =>
+	  "Citus is not installed in $pkglibdir: run scripts/install-citus as root "
+	  . "(it builds Citus $citus_version from ../shared/vendor beside the "
+	  . "repository; Citus is not packaged in Debian 12)";
+	return;
+}
+
+# Creates and starts a coordinator and two workers; returns
+# ($coordinator, [$worker1, $worker2]).  Each listens on 127.0.0.1 (Citus
+# connects its nodes over TCP) besides the harness's Unix socket, and
+# preloads citus first, then the library.  %opts: worker_conf => text
+# appended to the workers' postgresql.conf.
+sub citus_cluster
+{
+	my (%opts) = @_;
+	my $coord = _citus_node('coordinator', '');
+	my @workers = map { _citus_node("worker$_", $opts{worker_conf} // '') } (1, 2);
+
+	foreach my $node ($coord, @workers)
+	{
+		$node->safe_psql('postgres', 'CREATE EXTENSION citus');
+	}
+	$coord->safe_psql('postgres',
+		"SELECT citus_set_coordinator_host('127.0.0.1', " . $coord->port . ')');
+	foreach my $w (@workers)
+	{
+		$coord->safe_psql('postgres',
+			"SELECT citus_add_node('127.0.0.1', " . $w->port . ')');
+	}
+	$coord->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+	return ($coord, \@workers);
+}
+
+# Creates and starts one node of the cluster.
+sub _citus_node
+{
+	my ($name, $extra_conf) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+
+	$node->init;
+	# wal_level logical: citus_move_shard_placement copies by logical
+	# replication.  More connections than the harness's default 10: every
+	# delegated call holds a connection from the coordinator to a worker.
+	$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'citus,idempotency'
+listen_addresses = '127.0.0.1'
+wal_level = logical
+max_connections = 80
+max_wal_senders = 10
+max_replication_slots = 10
+shared_buffers = 16MB
+$extra_conf
+});
+	$node->start;
+	return $node;
+}
+
+# Stops every node.
+sub citus_stop
+{
+	my ($coord, $workers) = @_;
+
+	$_->stop for ($coord, @$workers);
+	return;
+}
+
+# Returns the shard of idempotency.keys that holds scope's records.
+sub citus_shard_of
+{
+	my ($coord, $scope) = @_;
+
+	return $coord->safe_psql('postgres',
+		"SELECT get_shard_id_for_distribution_column('idempotency.keys', '$scope')");
+}
+
+# Returns the worker (of $workers) that holds scope's records.
+sub citus_worker_of
+{
+	my ($coord, $workers, $scope) = @_;
+	my $shard = citus_shard_of($coord, $scope);
+	my $port = $coord->safe_psql('postgres',
+		"SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = $shard");
+	my ($worker) = grep { $_->port == $port } @$workers;
+
+	die "no worker holds shard $shard (port $port)" unless $worker;
+	return $worker;
+}
+
+# Whether a backend of the node died of a signal since the log offset.
+sub citus_crashed
+{
+	my ($node, $offset) = @_;
+
+	return $node->log_contains(qr/terminated by signal/, $offset // 0);
+}
+
+1;
