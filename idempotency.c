@@ -5,7 +5,8 @@
  *
  * The parts, one file each:
  *	  args.c		checks of the API's arguments
- *	  keys.c		access to idempotency.keys (reads, writes, key locks)
+ *	  keys.c		access to idempotency.keys: catalog, privileges, SPI plans
+ *	  keysheap.c	the hot paths to idempotency.keys, without the executor
  *	  claim.c		claim()
  *	  record.c		complete(), release(), extend(), checkpoint(), lookup()
  *	  headers.c		the response headers that complete() stores

@@ -6,8 +6,8 @@
  * A claim with `wait` that meets a live lease sleeps on the condition
  * variable of its key's slot.  complete() and release() queue a broadcast
  * of that slot for when their transaction commits (or is prepared: a
- * waiter then finds the key's lock held by the prepared transaction and
- * waits on that lock, which COMMIT PREPARED releases).  Without preloading
+ * waiter then finds the prepared transaction writing the record and waits
+ * for it to end, at COMMIT PREPARED).  Without preloading
  * there is no shared memory: a waiting claim then re-checks at least once
  * a second.
  *-------------------------------------------------------------------------
