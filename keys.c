@@ -460,12 +460,10 @@ result_col(int n, bool *isnull)
 	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, n, isnull);
 }
 
-/* Returns a varlena column of the first result row, detoasted into cxt; NULL when NULL. */
-static struct varlena *
-result_varlena(int n, MemoryContext cxt)
+/* Returns a copy of a varlena value, detoasted, made in cxt; NULL when isnull. */
+struct varlena *
+idem_varlena_copy(Datum value, bool isnull, MemoryContext cxt)
 {
-	bool		isnull;
-	Datum		value = result_col(n, &isnull);
 	MemoryContext old;
 	struct varlena *copy;
 
@@ -475,6 +473,16 @@ result_varlena(int n, MemoryContext cxt)
 	copy = PG_DETOAST_DATUM_COPY(value);
 	MemoryContextSwitchTo(old);
 	return copy;
+}
+
+/* Returns a varlena column of the first result row, detoasted into cxt; NULL when NULL. */
+static struct varlena *
+result_varlena(int n, MemoryContext cxt)
+{
+	bool		isnull;
+	Datum		value = result_col(n, &isnull);
+
+	return idem_varlena_copy(value, isnull, cxt);
 }
 
 /*

@@ -95,6 +95,7 @@ extern void idem_call_begin(IdemCall *call);
 extern void idem_call_end(IdemCall *call);
 
 extern uint64 idem_key_hash(text *scope, text *key);
+extern struct varlena *idem_varlena_copy(Datum value, bool isnull, MemoryContext cxt);
 extern bool idem_wait_for_xact(TransactionId xid, long timeout_ms);
 
 extern bool idem_keys_reset(text *scope, text *key, Oid owner, bytea *fingerprint,

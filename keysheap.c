@@ -184,15 +184,8 @@ slot_varlena(TupleTableSlot *slot, IdemKeysColumn col, MemoryContext cxt)
 {
 	bool		isnull;
 	Datum		value = slot_getattr(slot, idem_keys_catalog()->att[col], &isnull);
-	MemoryContext old;
-	struct varlena *copy;
 
-	if (isnull)
-		return NULL;
-	old = MemoryContextSwitchTo(cxt);
-	copy = PG_DETOAST_DATUM_COPY(value);
-	MemoryContextSwitchTo(old);
-	return copy;
+	return idem_varlena_copy(value, isnull, cxt);
 }
 
 /* Tells whether the caller sees records of owner: its own, or a role whose privileges it has. */
