@@ -11,6 +11,10 @@ const CLAIM = `SELECT outcome, fence, attempt, status_code, headers, body, recov
   FROM idempotency.claim($1, $2, scope => $3, lease => $4::interval,
                          retention => $5::interval, wait => $6::interval)`;
 const COMPLETE = 'SELECT idempotency.complete($1, $2, $3, $4, $5::jsonb, $6) AS result';
+// The same, keeping a 5xx response for this call (idempotency.store_server_errors on
+// until the end of its transaction).
+const COMPLETE_KEEPING_5XX = `SELECT idempotency.complete($1, $2, $3, $4, $5::jsonb, $6) AS result
+  FROM (SELECT pg_catalog.set_config('idempotency.store_server_errors', 'on', true)) AS setting`;
 const RELEASE = 'SELECT idempotency.release($1, $2, $3) AS released';
 const EXTEND = 'SELECT idempotency.extend($1, $2, $3::interval, $4) AS lease_expires_at';
 const CHECKPOINT = 'SELECT idempotency.checkpoint($1, $2, $3, $4::jsonb, $5)';
@@ -81,11 +85,12 @@ class IdempotencyClient {
     };
   }
 
-  // Stores the response and ends the claim: 'stored', or 'released' for a 5xx.
+  // Stores the response and ends the claim: 'stored', or 'released' for a 5xx
+  // (unless options.storeServerErrors).
   async complete(key, fence, statusCode, body = null, headers = null, options = {}) {
     const o = { ...this.defaults, ...options };
     return fenced(key, async () => {
-      const { rows } = await (o.db ?? this.db).query(COMPLETE,
+      const { rows } = await (o.db ?? this.db).query(o.storeServerErrors ? COMPLETE_KEEPING_5XX : COMPLETE,
         [key, fence, statusCode, bytes(body), json(headers), o.scope]);
       return rows[0].result;
     });
