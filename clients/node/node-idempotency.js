@@ -11,7 +11,7 @@
 // refused: ClaimLostError, IK001), get looks the record up.
 
 const crypto = require('node:crypto');
-const { IdempotencyClient, ClaimLostError } = require('./lib/client');
+const { IdempotencyClient } = require('./lib/client');
 const { storageKey } = require('./lib/storage-key');
 
 const DEFAULT_LEASE_MS = 60 * 1000;
@@ -42,6 +42,24 @@ function parseValue(val, status) {
   if (value === null || value.status !== status)
     throw new TypeError(`PostgresStorageAdapter: expected a value with status ${status}`);
   return value;
+}
+
+// The codes of the library's own refusals (IdempotencyErrorCodes).
+const REFUSALS = new Set(['REQUEST_IN_PROGRESS', 'IDEMPOTENCY_FINGERPRINT_MISSMATCH',
+  'IDEMPOTENCY_KEY_LEN_EXEEDED', 'IDEMPOTENCY_KEY_MISSING']);
+
+// True when a COMPLETE value holds one of the library's own refusals, not a
+// handler's response (the Fastify plugin hands its 409 and 422 answers to onResponse too).
+function isRefusal(value) {
+  let error = value.response?.error;
+  if (typeof error === 'string') {
+    try {
+      error = JSON.parse(error);
+    } catch {
+      return false;
+    }
+  }
+  return REFUSALS.has(error?.code);
 }
 
 // Returns the HTTP status to record: the plugins' additional.statusCode when valid, else 200.
@@ -78,12 +96,14 @@ class PostgresStorageAdapter {
   }
 
   // Completes the claim this adapter holds with a COMPLETE value (errors included:
-  // the library replays them); ClaimLostError when the claim was lost.
+  // the library replays them); ClaimLostError when the claim was lost. A value
+  // for a key this adapter holds no claim on (a replay sent again), or one of
+  // the library's own refusals, is not written: the record is not this request's.
   async set(key, val) {
     const value = parseValue(val, 'COMPLETE');
     const k = storageKey(key);
     const fence = this.#fences.get(k);
-    if (fence === undefined) throw new ClaimLostError(k);
+    if (fence === undefined || isRefusal(value)) return;
     this.#fences.delete(k);
     await this.#client.complete(k, fence, statusOf(value), Buffer.from(val, 'utf8'), null,
       { storeServerErrors: true });

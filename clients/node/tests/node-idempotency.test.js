@@ -107,10 +107,26 @@ test('a request without a body, and keys longer than the extension takes', async
   assert.deepEqual(await idem.onRequest(req), { body: 1 });
 });
 
-test('the adapter refuses what is not the library\'s values, and a set without its claim', async () => {
+test('set writes only through a claim this adapter holds, and never the library\'s own refusals', async () => {
+  // The Fastify plugin calls onResponse for every answer it sends: replays, and its 409 and 422.
+  const adapter = new PostgresStorageAdapter({ pool, scope: unique('ni') });
+  const idem = new Idempotency(adapter);
+  await adapter.set('never-claimed', JSON.stringify({ status: 'COMPLETE', response: { body: 1 } }), {});
+  assert.equal(await adapter.get('never-claimed'), undefined);
+  const req = request('k1');
+  await idem.onRequest(req);
+  const conflict = JSON.stringify({ statusCode: 409, code: 'REQUEST_IN_PROGRESS', message: 'outstanding' });
+  await idem.onResponse(req, { error: conflict, additional: { statusCode: 409 } });
+  assert.equal(JSON.parse(await adapter.get('node-idempotency:POST:/payments:k1')).status, 'IN_PROGRESS');
+  await idem.onResponse(req, { body: 'the handler\'s', additional: { statusCode: 201 } });
+  await idem.onResponse(req, { body: 'sent again by a replay', additional: { statusCode: 201 } });
+  assert.deepEqual(await idem.onRequest(req), { body: 'the handler\'s', additional: { statusCode: 201 } });
+});
+
+test('the adapter refuses what is not the library\'s values', async () => {
   const adapter = new PostgresStorageAdapter({ pool, scope: unique('ni') });
   await assert.rejects(adapter.setIfNotExists('k', 'not json'), TypeError);
   await assert.rejects(adapter.setIfNotExists('k', '{"status":"COMPLETE"}'), TypeError);
-  await assert.rejects(adapter.set('k', '{"status":"COMPLETE"}', {}), ClaimLostError);
+  await assert.rejects(adapter.set('k', '{"status":"IN_PROGRESS"}', {}), TypeError);
   assert.throws(() => new PostgresStorageAdapter({}), TypeError);
 });
