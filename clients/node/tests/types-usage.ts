@@ -21,6 +21,11 @@ async function direct(): Promise<string | undefined> {
   const idem = new IdempotencyClient(pool, { scope: 'acct_42', lease: 60_000 });
   const claim: Claim = await idem.claim('order-42', fingerprint('POST', '/payments', '{"amount":10}'));
   if (claim.outcome !== 'new' || claim.fence === null) return claim.outcome;
+  const leaseEnd: Date = await idem.extend('order-42', claim.fence, { lease: '2 minutes' });
+  await idem.checkpoint('order-42', claim.fence, 'charged', { at: leaseEnd.toISOString() });
+  const record = await idem.lookup('order-42');
+  if (record?.state === 'completed') return String(record.statusCode);
+  if (await idem.release('other', claim.fence, { scope: 'acct_43' })) return 'released';
   try {
     return await idem.complete('order-42', claim.fence, 201, '{"charge":1}', { 'content-type': 'application/json' });
   } catch (err) {
