@@ -280,6 +280,7 @@ function idempotency(pool, options = {}) {
       type: opts.problemTypes[code] ?? 'about:blank', title: TITLES[status], status, detail, code,
     });
     res.statusCode = status;
+    res.statusMessage = TITLES[status]; // RFC 9110's phrase: 422 is Unprocessable Content
     for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
     res.setHeader('Content-Type', 'application/problem+json');
     res.setHeader('Content-Length', Buffer.byteLength(body));
