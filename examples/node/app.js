@@ -7,7 +7,7 @@
 
 const express = require('express');
 const { Pool } = require('pg');
-const idempotency = require('./middleware');
+const { idempotency } = require('pg-idempotency');
 
 const pool = new Pool({
   connectionString: process.env.DATABASE_URL,

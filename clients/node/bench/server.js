@@ -1,0 +1,50 @@
+'use strict';
+// The retried-payment route under one of three set-ups, for bench/overhead.js:
+//   middleware   pg-idempotency's middleware (req.db is its transaction)
+//   transaction  no idempotency; a transaction per request (BEGIN ... COMMIT), as the middleware gives
+//   plain        no idempotency, no transaction: the insert alone
+// Counts the statements sent to the database (GET /stats).
+
+const express = require('express');
+const { Pool } = require('pg');
+const { idempotency } = require('pg-idempotency');
+
+const mode = process.argv[2];
+const pool = new Pool({ connectionString: process.env.DATABASE_URL, max: 4 });
+let statements = 0;
+pool.on('connect', (client) => {
+  const query = client.query.bind(client);
+  client.query = (...args) => { statements++; return query(...args); };
+});
+
+// Gives the handler a transaction as req.db, committed after the response is sent.
+function transaction(req, res, next) {
+  express.json()(req, res, async (err) => {
+    if (err) return next(err);
+    const db = await pool.connect();
+    await db.query('BEGIN');
+    req.db = db;
+    const { end } = res;
+    res.end = (...args) => {
+      res.end = end;
+      db.query('COMMIT').then(() => { db.release(); res.end(...args); }, next);
+      return res;
+    };
+    next();
+  });
+}
+
+const app = express();
+app.get('/stats', (req, res) => res.json({ statements }));
+if (mode === 'middleware') app.use(idempotency(pool));
+else if (mode === 'transaction') app.use(transaction);
+else app.use(express.json(), (req, res, next) => { req.db = pool; next(); });
+app.post('/payments', async (req, res) => {
+  const { rows } = await req.db.query('INSERT INTO bench_charges (amount) VALUES ($1) RETURNING id', [req.body.amount]);
+  res.status(201).json({ charge: Number(rows[0].id) });
+});
+
+pool.query('CREATE TABLE IF NOT EXISTS bench_charges (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount numeric NOT NULL)')
+  .then(() => {
+    const server = app.listen(0, '127.0.0.1', () => process.send(server.address().port));
+  });

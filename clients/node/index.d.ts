@@ -1,0 +1,153 @@
+// Types of pg-idempotency: Idempotency-Key on the idempotency PostgreSQL extension.
+
+import type { IncomingMessage, ServerResponse } from 'node:http';
+
+/** Anything that runs a query: a pg.Pool, a pg.Client or a client of a pool. */
+export interface Queryable {
+  query(text: string, values?: unknown[]): Promise<{ rows: any[] }>;
+}
+
+/** A pg.Pool (what the middleware takes connections from). */
+export interface PoolLike extends Queryable {
+  connect(): Promise<Queryable & { release(err?: Error | boolean): void }>;
+}
+
+/** An interval: PostgreSQL interval text ('60 seconds') or milliseconds. */
+export type Interval = string | number;
+
+/** The request parts of a fingerprint: text (UTF-8) or bytes. */
+export type Bytes = string | Uint8Array;
+
+/** SHA-256 of the request, exactly as idempotency.fingerprint(method, path, body, query). */
+export function fingerprint(method: string, path: string, body?: Bytes | null, query?: Bytes | null): Buffer;
+
+/** Parses an Idempotency-Key field value; null when it is not a valid key. */
+export function parseIdempotencyKey(value: string | undefined): string | null;
+
+/** The scope the middleware gives a request: the SHA-256 of its credential, '' without one. */
+export function credentialScope(req: IncomingMessage): string;
+
+/** What claim() answers. */
+export interface Claim {
+  outcome: 'new' | 'replay' | 'in_progress' | 'mismatch';
+  /** The fencing token of a 'new' claim (a bigint, as text); null otherwise. */
+  fence: string | null;
+  attempt: number | null;
+  statusCode: number | null;
+  headers: Record<string, string | string[]> | null;
+  body: Buffer | null;
+  recoveryPoint: string | null;
+  recoveryState: unknown;
+  /** For 'in_progress': whole seconds until the lease ends, at least 1. */
+  retryAfter: number | null;
+  createdAt: Date | null;
+}
+
+/** What lookup() shows: the record as claim would see it, without its fence. */
+export interface IdempotencyRecord {
+  key: string;
+  scope: string;
+  fingerprint: Buffer;
+  state: 'in_progress' | 'completed';
+  attempt: number;
+  lease: unknown;
+  leaseExpiresAt: Date | null;
+  recoveryPoint: string | null;
+  recoveryState: unknown;
+  statusCode: number | null;
+  headers: Record<string, string | string[]> | null;
+  body: Buffer | null;
+  createdAt: Date;
+  completedAt: Date | null;
+  expiresAt: Date;
+}
+
+export interface CallOptions {
+  /** The caller's scope; default: the client's, else the setting idempotency.scope. */
+  scope?: string | null;
+  /** Run on this connection (e.g. the transaction of the business writes). */
+  db?: Queryable;
+}
+
+export interface ClaimOptions extends CallOptions {
+  lease?: Interval | null;
+  retention?: Interval | null;
+  /** Wait up to this long for an in-progress owner before answering. */
+  wait?: Interval | null;
+}
+
+export interface CompleteOptions extends CallOptions {
+  /** Keep a 5xx response (idempotency.store_server_errors on for this call). */
+  storeServerErrors?: boolean;
+}
+
+export interface ClientDefaults {
+  scope?: string | null;
+  lease?: Interval | null;
+  retention?: Interval | null;
+}
+
+/** A small client of the extension's SQL API. */
+export class IdempotencyClient {
+  constructor(db: Queryable, defaults?: ClientDefaults);
+  static fingerprint: typeof fingerprint;
+  claim(key: string, fingerprint: Bytes, options?: ClaimOptions): Promise<Claim>;
+  /** 'stored', or 'released' for a 5xx. Throws ClaimLostError when the fence lost the claim. */
+  complete(key: string, fence: string, statusCode: number, body?: Bytes | null,
+    headers?: Record<string, string | string[]> | null, options?: CompleteOptions): Promise<'stored' | 'released'>;
+  /** False when this fence no longer owns the claim. */
+  release(key: string, fence: string, options?: CallOptions): Promise<boolean>;
+  /** The lease's new end. Throws ClaimLostError when the fence lost the claim. */
+  extend(key: string, fence: string, options?: CallOptions & { lease?: Interval | null }): Promise<Date>;
+  checkpoint(key: string, fence: string, recoveryPoint: string, recoveryState?: unknown,
+    options?: CallOptions): Promise<void>;
+  lookup(key: string, options?: CallOptions): Promise<IdempotencyRecord | null>;
+}
+
+/** complete, extend or checkpoint by a fence that lost its claim (SQLSTATE IK001). */
+export class ClaimLostError extends Error {
+  readonly code: 'IK001';
+  readonly key: string;
+}
+
+export type ProblemCode =
+  | 'idempotency_key_missing' | 'idempotency_key_invalid' | 'idempotency_key_in_progress'
+  | 'idempotency_key_mismatch' | 'idempotency_claim_lost' | 'idempotency_unavailable';
+
+export interface MiddlewareOptions {
+  /** The methods that take a key (default POST, PATCH). */
+  methods?: string[];
+  /** 400 when a covered request has no key (default true); false runs it unguarded. */
+  required?: boolean;
+  /** When an idempotency call fails: false (default) answers 503, true runs the handler unguarded. */
+  failOpen?: boolean;
+  /** How long a running request holds its key (default '60 seconds'). */
+  lease?: Interval;
+  /** How long a response is replayed (default: the setting idempotency.retention, 24h). */
+  retention?: Interval | null;
+  /** The response headers a replay repeats (default content-type, location). */
+  storeHeaders?: string[];
+  /** The largest request body read, in bytes (default 1 MiB). */
+  limit?: number;
+  /** The caller's scope (default credentialScope). */
+  scope?: (req: IncomingMessage) => string;
+  /** The type URI of each problem (default about:blank). */
+  problemTypes?: Partial<Record<ProblemCode, string>>;
+  /** Where failures are reported (default console.error). */
+  log?: (message: string) => void;
+}
+
+/** Express middleware; gives the handler req.db (a transaction), req.rawBody and a parsed req.body. */
+export function idempotency(pool: PoolLike, options?: MiddlewareOptions):
+  (req: IncomingMessage, res: ServerResponse, next: (err?: unknown) => void) => void;
+
+declare global {
+  namespace Express {
+    interface Request {
+      /** The transaction the response is stored in; write through it. */
+      db?: Queryable;
+      /** The request body as received. */
+      rawBody?: Buffer;
+    }
+  }
+}

@@ -1,0 +1,11 @@
+'use strict';
+// pg-idempotency: Idempotency-Key for Node.js on the idempotency PostgreSQL extension.
+
+const { idempotency, credentialScope } = require('./lib/express');
+const { IdempotencyClient, ClaimLostError } = require('./lib/client');
+const { fingerprint } = require('./lib/fingerprint');
+const { parseIdempotencyKey } = require('./lib/key');
+
+module.exports = {
+  idempotency, credentialScope, IdempotencyClient, ClaimLostError, fingerprint, parseIdempotencyKey,
+};

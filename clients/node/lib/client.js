@@ -1,0 +1,140 @@
+'use strict';
+// A small typed client of the extension's SQL API (schema idempotency), for
+// code that is not an Express app. Every call is one statement; the scope is
+// an argument of every call, never session state, so pooled connections
+// (and pgbouncer in transaction mode) carry nothing between requests.
+
+const { fingerprint } = require('./fingerprint');
+
+const CLAIM = `SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
+       recovery_state, retry_after, created_at
+  FROM idempotency.claim($1, $2, scope => $3, lease => $4::interval,
+                         retention => $5::interval, wait => $6::interval)`;
+const COMPLETE = 'SELECT idempotency.complete($1, $2, $3, $4, $5::jsonb, $6) AS result';
+// The same, keeping a 5xx response for this call (idempotency.store_server_errors on
+// until the end of its transaction).
+const COMPLETE_KEEPING_5XX = `SELECT idempotency.complete($1, $2, $3, $4, $5::jsonb, $6) AS result
+  FROM (SELECT pg_catalog.set_config('idempotency.store_server_errors', 'on', true)) AS setting`;
+const RELEASE = 'SELECT idempotency.release($1, $2, $3) AS released';
+const EXTEND = 'SELECT idempotency.extend($1, $2, $3::interval, $4) AS lease_expires_at';
+const CHECKPOINT = 'SELECT idempotency.checkpoint($1, $2, $3, $4::jsonb, $5)';
+const LOOKUP = `SELECT key, scope, fingerprint, state, attempt, lease, lease_expires_at, recovery_point,
+       recovery_state, status_code, headers, body, created_at, completed_at, expires_at
+  FROM idempotency.lookup($1, $2)`;
+
+// The error complete, extend and checkpoint raise when the fence lost its claim (IK001).
+class ClaimLostError extends Error {
+  constructor(key, cause) {
+    super(`the claim on idempotency key ${JSON.stringify(key)} was lost: ` +
+      'its lease ended and a retry took it over, or it was released', { cause });
+    this.name = 'ClaimLostError';
+    this.code = 'IK001';
+    this.key = key;
+  }
+}
+
+// Returns an interval parameter: a PostgreSQL interval string, or milliseconds.
+function interval(value) {
+  if (value === null || value === undefined) return null;
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value)) throw new TypeError(`not a finite interval: ${value}`);
+    return `${value} milliseconds`;
+  }
+  return String(value);
+}
+
+// Returns a bytea parameter: a Buffer, or null.
+function bytes(body) {
+  if (body === null || body === undefined) return null;
+  return typeof body === 'string' ? Buffer.from(body, 'utf8') : Buffer.from(body);
+}
+
+// Returns a jsonb parameter: the JSON text, or null.
+function json(value) {
+  return value === null || value === undefined ? null : JSON.stringify(value);
+}
+
+// Runs a call that needs the claim's fence, turning IK001 into ClaimLostError.
+async function fenced(key, run) {
+  try {
+    return await run();
+  } catch (err) {
+    if (err && err.code === 'IK001') throw new ClaimLostError(key, err);
+    throw err;
+  }
+}
+
+class IdempotencyClient {
+  // db: a pg.Pool, pg.Client or pool client; defaults for scope, lease, retention.
+  constructor(db, { scope = null, lease = null, retention = null } = {}) {
+    if (!db || typeof db.query !== 'function') throw new TypeError('IdempotencyClient needs a pg Pool or Client');
+    this.db = db;
+    this.defaults = { scope, lease, retention };
+  }
+
+  // Claims a key: { outcome: 'new' | 'replay' | 'in_progress' | 'mismatch', ... }.
+  async claim(key, fp, options = {}) {
+    const o = { ...this.defaults, ...options };
+    const { rows } = await (o.db ?? this.db).query(CLAIM, [key, bytes(fp), o.scope,
+      interval(o.lease), interval(o.retention), interval(o.wait)]);
+    const r = rows[0];
+    return {
+      outcome: r.outcome, fence: r.fence, attempt: r.attempt, statusCode: r.status_code,
+      headers: r.headers, body: r.body, recoveryPoint: r.recovery_point,
+      recoveryState: r.recovery_state, retryAfter: r.retry_after, createdAt: r.created_at,
+    };
+  }
+
+  // Stores the response and ends the claim: 'stored', or 'released' for a 5xx
+  // (unless options.storeServerErrors).
+  async complete(key, fence, statusCode, body = null, headers = null, options = {}) {
+    const o = { ...this.defaults, ...options };
+    return fenced(key, async () => {
+      const { rows } = await (o.db ?? this.db).query(o.storeServerErrors ? COMPLETE_KEEPING_5XX : COMPLETE,
+        [key, fence, statusCode, bytes(body), json(headers), o.scope]);
+      return rows[0].result;
+    });
+  }
+
+  // Frees the key so that the next retry runs again; false when the fence lost it.
+  async release(key, fence, options = {}) {
+    const o = { ...this.defaults, ...options };
+    const { rows } = await (o.db ?? this.db).query(RELEASE, [key, fence, o.scope]);
+    return rows[0].released;
+  }
+
+  // Renews the lease (by options.lease, or the claim's own length); returns its new end.
+  async extend(key, fence, options = {}) {
+    const o = { scope: this.defaults.scope, ...options };
+    return fenced(key, async () => {
+      const { rows } = await (o.db ?? this.db).query(EXTEND,
+        [key, fence, interval(o.lease), o.scope]);
+      return rows[0].lease_expires_at;
+    });
+  }
+
+  // Saves the progress of multi-step work and renews the lease.
+  async checkpoint(key, fence, recoveryPoint, recoveryState = null, options = {}) {
+    const o = { ...this.defaults, ...options };
+    await fenced(key, () => (o.db ?? this.db).query(CHECKPOINT,
+      [key, fence, recoveryPoint, json(recoveryState), o.scope]));
+  }
+
+  // Reads the record as claim would see it (no fence); null when there is none.
+  async lookup(key, options = {}) {
+    const o = { ...this.defaults, ...options };
+    const { rows } = await (o.db ?? this.db).query(LOOKUP, [key, o.scope]);
+    if (rows.length === 0) return null;
+    const r = rows[0];
+    return {
+      key: r.key, scope: r.scope, fingerprint: r.fingerprint, state: r.state, attempt: r.attempt, lease: r.lease,
+      leaseExpiresAt: r.lease_expires_at, recoveryPoint: r.recovery_point,
+      recoveryState: r.recovery_state, statusCode: r.status_code, headers: r.headers,
+      body: r.body, createdAt: r.created_at, completedAt: r.completed_at, expiresAt: r.expires_at,
+    };
+  }
+}
+
+IdempotencyClient.fingerprint = fingerprint;
+
+module.exports = { IdempotencyClient, ClaimLostError };

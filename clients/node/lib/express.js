@@ -1,0 +1,291 @@
+'use strict';
+// Express middleware for Idempotency-Key (docs/http-contract.md of the
+// idempotency extension): for the methods it covers it reads the body,
+// claims the key on its own (committed at once, so that a concurrent retry
+// sees it), runs the handler in a transaction given as req.db, and stores
+// the response with idempotency.complete() in that same transaction, so the
+// business writes and the stored response commit together or not at all.
+
+const crypto = require('node:crypto');
+const { fingerprint } = require('./fingerprint');
+const { parseIdempotencyKey } = require('./key');
+const { IdempotencyClient } = require('./client');
+
+const DEFAULTS = {
+  methods: ['POST', 'PATCH'], // the methods that take a key
+  required: true, // 400 when a covered request has no key; false: run it unguarded
+  failOpen: false, // when an idempotency call fails: false = 503, true = run unguarded
+  lease: '60 seconds', // longer than the slowest handler: then a retry takes over
+  retention: null, // null: the setting idempotency.retention (24h)
+  storeHeaders: ['content-type', 'location'], // the response headers a replay repeats
+  limit: 1024 * 1024, // the largest request body read, in bytes
+  scope: credentialScope, // (req) => the caller's scope
+  problemTypes: {}, // code => the URI of its problem type (default about:blank)
+  log: (message) => console.error(`pg-idempotency: ${message}`),
+};
+
+const TITLES = {
+  400: 'Bad Request', 409: 'Conflict', 422: 'Unprocessable Content', 503: 'Service Unavailable',
+};
+
+// Returns the scope of a request: the SHA-256 of its credential, '' without one.
+function credentialScope(req) {
+  for (const name of ['authorization', 'x-api-key']) {
+    const credential = req.headers[name];
+    if (credential !== undefined)
+      return crypto.createHash('sha256').update(`${name}:${credential}`).digest('hex');
+  }
+  return '';
+}
+
+// Returns the Idempotency-Key field as sent: undefined when absent, null when sent more than once.
+function keyField(req) {
+  const values = [];
+  for (let i = 0; i < req.rawHeaders.length; i += 2)
+    if (req.rawHeaders[i].toLowerCase() === 'idempotency-key') values.push(req.rawHeaders[i + 1]);
+  if (values.length > 1) return null;
+  return values[0];
+}
+
+// Splits the request URL into its path and query (null when there is none).
+function pathAndQuery(req) {
+  const url = req.originalUrl ?? req.url;
+  const q = url.indexOf('?');
+  if (q < 0) return [url, null];
+  return [url.slice(0, q), q === url.length - 1 ? null : url.slice(q + 1)];
+}
+
+// Returns an error that Express answers with the given status.
+function httpError(status, message) {
+  return Object.assign(new Error(message), { status, statusCode: status, expose: true });
+}
+
+// Reads the whole request body (the fingerprint needs its exact bytes).
+function readBody(req, limit) {
+  if (req._body === true || req.readableEnded)
+    return Promise.reject(new Error('pg-idempotency: the request body was already read; ' +
+      'mount the middleware before any body parser'));
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    let size = 0;
+    req.on('data', (chunk) => {
+      size += chunk.length;
+      if (size > limit) {
+        req.removeAllListeners('data');
+        req.resume();
+        reject(httpError(413, 'request entity too large'));
+      } else {
+        chunks.push(chunk);
+      }
+    });
+    req.on('end', () => resolve(Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+// Parses a JSON body into req.body, as express.json() would; other bodies stay raw.
+function parseBody(req) {
+  const raw = req.rawBody;
+  if (raw.length === 0) return undefined;
+  if (!/^\s*application\/([^;\s]*\+)?json\s*(;|$)/i.test(req.headers['content-type'] ?? ''))
+    return raw;
+  try {
+    return JSON.parse(raw.toString('utf8'));
+  } catch {
+    throw httpError(400, 'the request body is not valid JSON');
+  }
+}
+
+// Buffers what the handler writes; when it ends, sends it if onEnd(body) resolves to true.
+function holdResponse(res, onEnd) {
+  const { write, end } = res;
+  const chunks = [];
+  const collect = (chunk, encoding) => {
+    if (chunk === undefined || chunk === null || typeof chunk === 'function') return;
+    chunks.push(Buffer.isBuffer(chunk) ? chunk
+      : Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8'));
+  };
+  res.write = (chunk, encoding) => {
+    collect(chunk, encoding);
+    return true;
+  };
+  res.end = (chunk, encoding) => {
+    collect(chunk, encoding);
+    res.write = write;
+    res.end = end;
+    const body = Buffer.concat(chunks);
+    onEnd(body).then(
+      (send) => { if (send) res.end(body); },
+      (err) => res.destroy(err));
+    return res;
+  };
+}
+
+// Returns the Express middleware; pool is a pg.Pool on the database of the business data.
+function idempotency(pool, options = {}) {
+  if (!pool || typeof pool.connect !== 'function') throw new TypeError('idempotency() needs a pg.Pool');
+  const opts = { ...DEFAULTS, ...options };
+  const methods = new Set(opts.methods.map((m) => m.toUpperCase()));
+  const client = new IdempotencyClient(pool, { lease: opts.lease, retention: opts.retention });
+
+  return function idempotencyMiddleware(req, res, next) {
+    if (!methods.has(req.method)) return next();
+    readBody(req, opts.limit)
+      .then((raw) => {
+        req.rawBody = raw;
+        req.body = parseBody(req);
+        return guard(req, res, next);
+      })
+      .catch(next);
+  };
+
+  // Claims the key and answers, or runs the handler in a transaction.
+  async function guard(req, res, next) {
+    const field = keyField(req);
+    if (field === undefined) {
+      if (opts.required)
+        return problem(res, 400, 'idempotency_key_missing', 'This request needs an Idempotency-Key header.');
+      return runHandler(req, res, next, null);
+    }
+    const key = parseIdempotencyKey(field);
+    if (key === null) return invalidKey(res);
+
+    const scope = opts.scope(req);
+    const [path, query] = pathAndQuery(req);
+    const fp = fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query);
+    let db;
+    try {
+      db = await pool.connect();
+    } catch (err) {
+      return unavailable(res, err);
+    }
+    let claim;
+    try {
+      claim = await client.claim(key, fp, { db, scope });
+    } catch (err) {
+      db.release(err.code ? undefined : err); // keep a connection that only saw an SQL error
+      if (err.code === '22023') return invalidKey(res); // a key the extension refuses
+      if (!opts.failOpen) return unavailable(res, err);
+      opts.log(`claim failed, running unguarded: ${err.message}`);
+      return runHandler(req, res, next, null);
+    }
+    if (claim.outcome === 'new') return runHandler(req, res, next, { key, scope, fence: claim.fence }, db);
+    db.release();
+    return answer(res, claim);
+  }
+
+  // Runs the handler in a transaction (req.db); claim is null when unguarded.
+  async function runHandler(req, res, next, claim, db = null) {
+    try {
+      db = db ?? await pool.connect();
+      await db.query('BEGIN');
+    } catch (err) {
+      if (db) db.release(err);
+      if (claim) await client.release(claim.key, claim.fence, { scope: claim.scope }).catch(() => {});
+      return unavailable(res, err);
+    }
+    req.db = db;
+    holdResponse(res, (body) => finish(db, claim, res, body));
+    next();
+  }
+
+  // Ends the handler's transaction: complete and commit, or roll back and
+  // release. Resolves to true when the handler's response is the one to send.
+  async function finish(db, claim, res, body) {
+    const failed = res.statusCode >= 500;
+    try {
+      if (failed) {
+        await db.query('ROLLBACK');
+        if (claim) await client.release(claim.key, claim.fence, { db, scope: claim.scope });
+      } else {
+        if (claim)
+          await client.complete(claim.key, claim.fence, res.statusCode, body, headersToStore(res),
+            { db, scope: claim.scope });
+        await db.query('COMMIT');
+      }
+      db.release();
+      return true;
+    } catch (err) {
+      await db.query('ROLLBACK').catch(() => {});
+      db.release(err.code === 'IK001' ? undefined : err);
+      if (err.code === 'IK001') // a retry took the key over; its answer is the one that counts
+        return replaceResponse(res, 409, 'idempotency_claim_lost',
+          'This request ran past its lease and a retry took it over; its writes were rolled back.',
+          { 'Retry-After': '1' });
+      if (failed) return true; // the handler's 5xx goes out; the key frees itself when its lease ends
+      if (claim) await client.release(claim.key, claim.fence, { scope: claim.scope }).catch(() => {});
+      opts.log(`could not store the response: ${err.message}`);
+      return replaceResponse(res, 503, 'idempotency_unavailable',
+        'The response could not be stored; nothing was kept. Retry later.', { 'Retry-After': '1' });
+    }
+  }
+
+  // Picks the response headers that a replay repeats.
+  function headersToStore(res) {
+    const stored = {};
+    for (const name of opts.storeHeaders) {
+      const value = res.getHeader(name);
+      if (value !== undefined) stored[name] = Array.isArray(value) ? value.map(String) : String(value);
+    }
+    return stored;
+  }
+
+  // Answers a claim that did not win: replay, in_progress or mismatch.
+  function answer(res, claim) {
+    switch (claim.outcome) {
+      case 'replay':
+        res.statusCode = claim.statusCode;
+        for (const [name, value] of Object.entries(claim.headers ?? {})) res.setHeader(name, value);
+        res.setHeader('Idempotent-Replayed', 'true');
+        return res.end(claim.body ?? Buffer.alloc(0));
+      case 'in_progress':
+        return problem(res, 409, 'idempotency_key_in_progress',
+          'A request with this Idempotency-Key is still being processed.',
+          { 'Retry-After': String(claim.retryAfter) });
+      case 'mismatch':
+        return problem(res, 422, 'idempotency_key_mismatch',
+          'This Idempotency-Key was used with a different request.');
+      default:
+        throw new Error(`unexpected claim outcome ${claim.outcome}`);
+    }
+  }
+
+  // Answers 400: the key is malformed or refused.
+  function invalidKey(res) {
+    return problem(res, 400, 'idempotency_key_invalid',
+      'The Idempotency-Key header must be one string of 1 to 255 printable characters.');
+  }
+
+  // Fails closed: without the database, a retry could run twice.
+  function unavailable(res, err) {
+    opts.log(`database unavailable: ${err.message}`);
+    return problem(res, 503, 'idempotency_unavailable',
+      'The idempotency store cannot be reached; nothing ran. Retry later.', { 'Retry-After': '1' });
+  }
+
+  // Replaces the handler's response with a problem; resolves to false (do not send it).
+  function replaceResponse(res, status, code, detail, headers) {
+    if (res.headersSent) {
+      res.destroy(); // too late to change: the client sees a failure and retries
+      return false;
+    }
+    for (const name of res.getHeaderNames()) res.removeHeader(name);
+    problem(res, status, code, detail, headers);
+    return false;
+  }
+
+  // Sends an RFC 9457 problem (application/problem+json) with its code.
+  function problem(res, status, code, detail, headers = {}) {
+    const body = JSON.stringify({
+      type: opts.problemTypes[code] ?? 'about:blank', title: TITLES[status], status, detail, code,
+    });
+    res.statusCode = status;
+    res.statusMessage = TITLES[status]; // RFC 9110's phrase: 422 is Unprocessable Content
+    for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
+    res.setHeader('Content-Type', 'application/problem+json');
+    res.setHeader('Content-Length', Buffer.byteLength(body));
+    res.end(body);
+  }
+}
+
+module.exports = { idempotency, credentialScope };

@@ -1,0 +1,43 @@
+// Compiled (not run) by types.test.js: the package's types as users write against them.
+import express from 'express';
+import { Pool } from 'pg';
+import { Idempotency } from '@node-idempotency/core';
+import { makeIdempotent, IdempotencyConfig } from '@aws-lambda-powertools/idempotency';
+import {
+  idempotency, IdempotencyClient, ClaimLostError, fingerprint, parseIdempotencyKey, type Claim,
+} from 'pg-idempotency';
+import { PostgresPersistenceLayer } from 'pg-idempotency/powertools';
+import { PostgresStorageAdapter } from 'pg-idempotency/node-idempotency';
+
+const pool = new Pool();
+const app = express();
+app.use(idempotency(pool, { lease: '30 seconds', failOpen: false, storeHeaders: ['content-type'] }));
+app.post('/payments', async (req, res) => {
+  const { rows } = await req.db!.query('INSERT INTO charges (amount) VALUES ($1) RETURNING id', [10]);
+  res.status(201).json({ charge: rows[0].id, bytes: req.rawBody?.length });
+});
+
+async function direct(): Promise<string | undefined> {
+  const idem = new IdempotencyClient(pool, { scope: 'acct_42', lease: 60_000 });
+  const claim: Claim = await idem.claim('order-42', fingerprint('POST', '/payments', '{"amount":10}'));
+  if (claim.outcome !== 'new' || claim.fence === null) return claim.outcome;
+  const leaseEnd: Date = await idem.extend('order-42', claim.fence, { lease: '2 minutes' });
+  await idem.checkpoint('order-42', claim.fence, 'charged', { at: leaseEnd.toISOString() });
+  const record = await idem.lookup('order-42');
+  if (record?.state === 'completed') return String(record.statusCode);
+  if (await idem.release('other', claim.fence, { scope: 'acct_43' })) return 'released';
+  try {
+    return await idem.complete('order-42', claim.fence, 201, '{"charge":1}', { 'content-type': 'application/json' });
+  } catch (err) {
+    if (err instanceof ClaimLostError) return err.code;
+    throw err;
+  }
+}
+
+const persistenceStore = new PostgresPersistenceLayer({ pool, scope: 'payments' });
+const handler = makeIdempotent(async (event: { id: string }) => event.id, {
+  persistenceStore, config: new IdempotencyConfig({ eventKeyJmesPath: 'id' }),
+});
+const library = new Idempotency(new PostgresStorageAdapter({ pool, leaseMs: 30_000 }));
+
+export { app, direct, handler, library, parseIdempotencyKey };
