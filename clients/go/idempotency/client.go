@@ -109,10 +109,10 @@ const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, body,
 func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
 	t := &Ticket{Scope: p.Scope, Key: p.Key}
 	var (
-		fence                     *int64
-		attempt, status, retry    *int32
-		headers, state            []byte
-		recoveryPoint             *string
+		fence                  *int64
+		attempt, status, retry *int32
+		headers, state         []byte
+		recoveryPoint          *string
 	)
 	err := db.QueryRow(ctx, claimSQL, p.Key, p.Fingerprint, p.Scope, interval(p.Lease),
 		interval(p.Retention), interval(p.Wait)).Scan(&t.Outcome, &fence, &attempt, &status,

@@ -26,6 +26,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "cannot connect to DATABASE_URL:", err)
 		os.Exit(1)
 	}
+	_, err = pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS writes (key text, attempt int)`)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cannot create the table writes:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	pool.Close()
 	os.Exit(code)
