@@ -26,9 +26,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "cannot connect to DATABASE_URL:", err)
 		os.Exit(1)
 	}
-	_, err = pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS writes (key text, attempt int)`)
+	// writes: the handlers' business rows; deferred: a second row of one
+	// value fails at COMMIT.
+	_, err = pool.Exec(context.Background(), `DROP TABLE IF EXISTS writes, deferred;
+		CREATE TABLE writes (key text, attempt int);
+		CREATE TABLE deferred (v text UNIQUE DEFERRABLE INITIALLY DEFERRED)`)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "cannot create the table writes:", err)
+		fmt.Fprintln(os.Stderr, "cannot create the test tables:", err)
 		os.Exit(1)
 	}
 	code := m.Run()

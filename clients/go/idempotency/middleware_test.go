@@ -80,6 +80,39 @@ func serve(t *testing.T, db Pool, opts Options, h http.HandlerFunc) *httptest.Se
 	return srv
 }
 
+// gate holds handlers until it opens. It opens when the test ends too, so
+// that a failed test does not leave a handler blocked.
+type gate struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+// newGate returns a closed gate, opened by t's cleanup at the latest; make
+// it after the server, whose cleanup waits for the handlers.
+func newGate(t *testing.T) *gate {
+	g := &gate{ch: make(chan struct{})}
+	t.Cleanup(g.open)
+	return g
+}
+
+// open lets every waiting and later handler through.
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
+
+// wait blocks until the gate opens.
+func (g *gate) wait() { <-g.ch }
+
+// receive returns the next value of ch, failing t after 10 seconds.
+func receive[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out")
+		panic("unreachable")
+	}
+}
+
 // wantProblem fails t unless r is a problem+json with this status and code.
 func wantProblem(t *testing.T, r reply, status int, code string) {
 	t.Helper()
@@ -140,6 +173,9 @@ func charge(runs *int32) http.HandlerFunc {
 	}
 }
 
+// aliceScope is the scope of the requests keyed makes.
+var aliceScope = CredentialScope(&http.Request{Header: http.Header{"Authorization": {"Bearer alice"}}})
+
 // keyed returns a call of key, written as its Idempotency-Key field.
 func keyed(key, body string) call {
 	return call{path: "/payments", body: body, keys: []string{`"` + key + `"`},
@@ -160,8 +196,7 @@ func TestMiddlewareNewThenReplay(t *testing.T) {
 	if want := `{"run":1,"echo":"{\"amount\":10}"}` + "\x00\xff"; string(first.body) != want {
 		t.Fatalf("first body %q, want %q", first.body, want)
 	}
-	r, err := Lookup(ctx, pool, CredentialScope(&http.Request{Header: http.Header{
-		"Authorization": {"Bearer alice"}}}), key)
+	r, err := Lookup(ctx, pool, aliceScope, key)
 	if err != nil || r == nil || r.State != "completed" {
 		t.Fatalf("record: %+v, %v", r, err)
 	}
@@ -188,21 +223,23 @@ func TestMiddlewareNewThenReplay(t *testing.T) {
 }
 
 func TestMiddlewareInProgress(t *testing.T) {
-	started, proceed := make(chan bool), make(chan bool)
+	var proceed *gate
+	started := make(chan bool, 1)
 	srv := serve(t, pool, Options{Lease: 20 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
 		started <- true
-		<-proceed
+		proceed.wait()
 		w.WriteHeader(201)
 	})
+	proceed = newGate(t)
 	c := keyed(uniqueKey(t), `{}`)
-	first := make(chan reply)
+	first := make(chan reply, 1)
 	go func() { first <- send(t, srv, c) }()
-	<-started
+	receive(t, started)
 	busy := send(t, srv, c)
 	wantProblem(t, busy, 409, CodeKeyInProgress)
 	wantRetryAfter(t, busy, 1, 20)
-	close(proceed)
-	if r := <-first; r.status != 201 {
+	proceed.open()
+	if r := receive(t, first); r.status != 201 {
 		t.Fatalf("first: %d", r.status)
 	}
 }
@@ -331,8 +368,7 @@ func TestMiddlewareServerErrorRollsBackAndReleases(t *testing.T) {
 			r.header.Get("Idempotent-Replayed") != "" {
 			t.Fatalf("attempt %d: %d %q", i, r.status, r.body)
 		}
-		if rec, err := Lookup(ctx, pool, CredentialScope(&http.Request{Header: http.Header{
-			"Authorization": {"Bearer alice"}}}), c.header["X-Key"]); rec != nil || err != nil {
+		if rec, err := Lookup(ctx, pool, aliceScope, c.header["X-Key"]); rec != nil || err != nil {
 			t.Fatalf("attempt %d: the key is still held: %+v %v", i, rec, err)
 		}
 	}
@@ -368,28 +404,29 @@ func TestMiddlewarePanicRollsBackAndReleases(t *testing.T) {
 }
 
 func TestMiddlewareClaimLost(t *testing.T) {
-	started, proceed := make(chan bool), make(chan bool)
+	var proceed *gate
+	started := make(chan bool, 1)
 	srv := serve(t, pool, Options{Lease: 300 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
 		write(r, r.Header.Get("X-Key"))
 		if TicketFrom(r.Context()).Attempt == 1 {
 			started <- true
-			<-proceed
+			proceed.wait()
 		}
 		w.WriteHeader(201)
 		fmt.Fprintf(w, "attempt %d", TicketFrom(r.Context()).Attempt)
 	})
+	proceed = newGate(t)
 	key := uniqueKey(t)
 	c := keyed(key, `{}`)
-	lost := make(chan reply)
+	lost := make(chan reply, 1)
 	go func() { lost <- send(t, srv, c) }()
-	<-started
-	scope := CredentialScope(&http.Request{Header: http.Header{"Authorization": {"Bearer alice"}}})
-	waitLeaseEnded(t, scope, key)
+	receive(t, started)
+	waitLeaseEnded(t, aliceScope, key)
 	if r := send(t, srv, c); r.status != 201 || string(r.body) != "attempt 2" {
 		t.Fatalf("takeover: %d %q", r.status, r.body)
 	}
-	close(proceed)
-	r := <-lost
+	proceed.open()
+	r := receive(t, lost)
 	wantProblem(t, r, 409, CodeClaimLost)
 	wantRetryAfter(t, r, 1, 1)
 	var attempts []int32
@@ -485,6 +522,28 @@ func TestMiddlewareClaimFailing(t *testing.T) {
 	}
 }
 
+func TestMiddlewareCommitsTheWritesWithTheResponse(t *testing.T) {
+	var runs int32
+	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
+		atomic.AddInt32(&runs, 1)
+		write(r, r.Header.Get("X-Key"))
+		Tx(r.Context()).Exec(r.Context(), `INSERT INTO deferred VALUES ($1), ($1)`, // COMMIT fails
+			r.Header.Get("X-Key"))
+		w.WriteHeader(201)
+	})
+	c := keyed(uniqueKey(t), `{}`)
+	wantProblem(t, send(t, srv, c), 503, CodeUnavailable)
+	if rec, err := Lookup(ctx, pool, aliceScope, c.header["X-Key"]); rec != nil || err != nil {
+		t.Fatalf("the response was kept without the writes: %+v %v", rec, err)
+	}
+	if n := writesOf(t, c.header["X-Key"]); n != 0 {
+		t.Fatalf("%d writes committed", n)
+	}
+	if send(t, srv, c); runs != 2 {
+		t.Fatalf("the retry did not run: %d runs", runs)
+	}
+}
+
 func TestMiddlewareResponseTooLargeToStore(t *testing.T) {
 	var runs int32
 	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
@@ -515,12 +574,13 @@ func TestMiddlewareRequestBodyTooLarge(t *testing.T) {
 func TestMiddlewareConcurrentRequestsRunOnce(t *testing.T) {
 	const n = 8
 	var runs int32
-	others := make(chan bool)
+	var others *gate
 	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
 		atomic.AddInt32(&runs, 1)
-		<-others // hold the key until every other request has its answer
+		others.wait() // hold the key until every other request has its answer
 		w.WriteHeader(201)
 	})
+	others = newGate(t)
 	c := keyed(uniqueKey(t), `{}`)
 	replies := make(chan reply, n)
 	var wg sync.WaitGroup
@@ -533,15 +593,15 @@ func TestMiddlewareConcurrentRequestsRunOnce(t *testing.T) {
 	}
 	statuses := map[int]int{}
 	for i := 0; i < n-1; i++ {
-		r := <-replies
+		r := receive(t, replies)
 		statuses[r.status]++
 		if r.status == 409 {
 			wantProblem(t, r, 409, CodeKeyInProgress)
 		}
 	}
-	close(others)
+	others.open()
 	wg.Wait()
-	statuses[(<-replies).status]++
+	statuses[receive(t, replies).status]++
 	if runs != 1 || statuses[201] != 1 || statuses[409] != n-1 {
 		t.Fatalf("%d runs, statuses %v; want 1 run, one 201 and %d 409", runs, statuses, n-1)
 	}
