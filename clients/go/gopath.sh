@@ -15,6 +15,6 @@ gopath_setup() {
 	mkdir -p "$(dirname "$link")"
 	[ "$(readlink "$link" 2>/dev/null)" = "$GO_CLIENT_DIR" ] || ln -sfn "$GO_CLIENT_DIR" "$link"
 	export GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH=$1:/usr/share/gocode
-	export GOCACHE=${GOCACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/idempotency-go}
+	export GOCACHE=${GOCACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/idempotency-go}
 	GO_PACKAGE_DIR=$link/idempotency
 }

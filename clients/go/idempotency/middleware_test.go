@@ -76,6 +76,7 @@ func serve(t *testing.T, db Pool, opts Options, h http.HandlerFunc) *httptest.Se
 	srv := httptest.NewUnstartedServer(Middleware(db, opts)(h))
 	srv.Config.ErrorLog = quiet
 	srv.Start()
+	srv.Client().Timeout = 20 * time.Second // a handler that never answers fails the test
 	t.Cleanup(srv.Close)
 	return srv
 }
@@ -219,6 +220,31 @@ func TestMiddlewareNewThenReplay(t *testing.T) {
 	}
 	if runs != 1 || writesOf(t, key) != 1 {
 		t.Fatalf("%d runs, %d writes; want 1 and 1", runs, writesOf(t, key))
+	}
+}
+
+func TestMiddlewareFingerprintOfEmptyParts(t *testing.T) {
+	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("no type set")) // net/http would sniff text/plain
+	})
+	key := uniqueKey(t)
+	r := send(t, srv, call{path: "/p?", keys: []string{key}})
+	if r.status != 200 || r.header.Get("Content-Type") != "text/plain; charset=utf-8" {
+		t.Fatalf("first: %d %v", r.status, r.header)
+	}
+	rec, err := Lookup(ctx, pool, "", key)
+	if err != nil || rec == nil {
+		t.Fatalf("no record: %v", err)
+	}
+	var want []byte
+	if err := pool.QueryRow(ctx, `SELECT idempotency.fingerprint('POST', '/p', NULL, NULL)`).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(rec.Fingerprint, want) {
+		t.Fatalf("an empty body and query are not NULL in the fingerprint: %x, want %x", rec.Fingerprint, want)
+	}
+	if got := rec.Header.Get("Content-Type"); got != r.header.Get("Content-Type") {
+		t.Fatalf("stored Content-Type %q, sent %q", got, r.header.Get("Content-Type"))
 	}
 }
 
