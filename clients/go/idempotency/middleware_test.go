@@ -548,43 +548,39 @@ func TestMiddlewareClaimFailing(t *testing.T) {
 	}
 }
 
-func TestMiddlewareCommitsTheWritesWithTheResponse(t *testing.T) {
-	var runs int32
-	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
-		atomic.AddInt32(&runs, 1)
-		write(r, r.Header.Get("X-Key"))
-		Tx(r.Context()).Exec(r.Context(), `INSERT INTO deferred VALUES ($1), ($1)`, // COMMIT fails
-			r.Header.Get("X-Key"))
-		w.WriteHeader(201)
-	})
-	c := keyed(uniqueKey(t), `{}`)
-	wantProblem(t, send(t, srv, c), 503, CodeUnavailable)
-	if rec, err := Lookup(ctx, pool, aliceScope, c.header["X-Key"]); rec != nil || err != nil {
-		t.Fatalf("the response was kept without the writes: %+v %v", rec, err)
+// When the response cannot be kept, the writes are not kept either: 503,
+// and the key is free for the retry.
+func TestMiddlewareUnstoredResponseRollsBack(t *testing.T) {
+	failures := map[string]func(w http.ResponseWriter, r *http.Request){
+		"COMMIT fails": func(w http.ResponseWriter, r *http.Request) {
+			Tx(r.Context()).Exec(r.Context(), `INSERT INTO deferred VALUES ($1), ($1)`, // deferred unique
+				r.Header.Get("X-Key"))
+			w.WriteHeader(201)
+		},
+		"complete fails": func(w http.ResponseWriter, r *http.Request) {
+			w.Write(make([]byte, 1<<20+1)) // over idempotency.max_response_bytes
+		},
 	}
-	if n := writesOf(t, c.header["X-Key"]); n != 0 {
-		t.Fatalf("%d writes committed", n)
-	}
-	if send(t, srv, c); runs != 2 {
-		t.Fatalf("the retry did not run: %d runs", runs)
-	}
-}
-
-func TestMiddlewareResponseTooLargeToStore(t *testing.T) {
-	var runs int32
-	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
-		atomic.AddInt32(&runs, 1)
-		write(r, r.Header.Get("X-Key"))
-		w.Write(make([]byte, 1<<20+1)) // over idempotency.max_response_bytes
-	})
-	c := keyed(uniqueKey(t), `{}`)
-	r := send(t, srv, c)
-	wantProblem(t, r, 503, CodeUnavailable)
-	if n := writesOf(t, c.header["X-Key"]); n != 0 {
-		t.Fatalf("%d writes committed", n)
-	}
-	if send(t, srv, c); runs != 2 {
-		t.Fatalf("the key was not released: %d runs", runs)
+	for name, fail := range failures {
+		t.Run(name, func(t *testing.T) {
+			var runs int32
+			srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
+				atomic.AddInt32(&runs, 1)
+				write(r, r.Header.Get("X-Key"))
+				fail(w, r)
+			})
+			c := keyed(uniqueKey(t), `{}`)
+			wantProblem(t, send(t, srv, c), 503, CodeUnavailable)
+			if rec, err := Lookup(ctx, pool, aliceScope, c.header["X-Key"]); rec != nil || err != nil {
+				t.Fatalf("the key is still held: %+v %v", rec, err)
+			}
+			if n := writesOf(t, c.header["X-Key"]); n != 0 {
+				t.Fatalf("%d writes committed", n)
+			}
+			if send(t, srv, c); runs != 2 {
+				t.Fatalf("the retry did not run: %d runs", runs)
+			}
+		})
 	}
 }
 
