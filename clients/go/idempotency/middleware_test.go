@@ -248,6 +248,19 @@ func TestMiddlewareFingerprintOfEmptyParts(t *testing.T) {
 	}
 }
 
+func TestMiddlewareInformationalStatusIsNotKept(t *testing.T) {
+	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusAccepted)
+	})
+	c := keyed(uniqueKey(t), `{}`)
+	for _, replayed := range []string{"", "true"} {
+		if r := send(t, srv, c); r.status != 202 || r.header.Get("Idempotent-Replayed") != replayed {
+			t.Fatalf("%d %v, want 202 (replayed %q)", r.status, r.header, replayed)
+		}
+	}
+}
+
 func TestMiddlewareInProgress(t *testing.T) {
 	var proceed *gate
 	started := make(chan bool, 1)

@@ -22,9 +22,10 @@ func newRecorder() *recorder {
 // Header is the header the handler sets.
 func (r *recorder) Header() http.Header { return r.header }
 
-// WriteHeader keeps the first status, as net/http does.
+// WriteHeader keeps the first final status, as net/http does. An
+// informational (1xx) one is dropped: it cannot be held back, nor replayed.
 func (r *recorder) WriteHeader(status int) {
-	if r.status == 0 {
+	if r.status == 0 && status >= 200 {
 		r.status = status
 	}
 }
