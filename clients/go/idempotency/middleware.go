@@ -1,0 +1,321 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v4"
+)
+
+// Pool is what the middleware needs of a connection pool; *pgxpool.Pool is one.
+type Pool interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Options configure Middleware; the zero value follows docs/http-contract.md.
+type Options struct {
+	Methods      []string                   // the methods that take a key; default POST and PATCH
+	KeyOptional  bool                       // run a request without a key unguarded instead of answering 400
+	FailOpen     bool                       // run the handler unguarded instead of answering 503 when a claim fails
+	Lease        time.Duration              // longer than the slowest handler; 0: idempotency.lease (60s)
+	Retention    time.Duration              // how long answers are replayed; 0: idempotency.retention (24h)
+	StoreHeaders []string                   // the response headers a replay repeats; default Content-Type, Location
+	MaxBodyBytes int64                      // the largest request body read; default 1 MiB
+	Scope        func(*http.Request) string // whose keys; default CredentialScope
+	Logger       *log.Logger                // where database errors are logged; default the log package's
+}
+
+// finishTimeout bounds complete, commit, rollback and release, which run
+// even when the client has gone away: the handler's work is kept or undone.
+const finishTimeout = 30 * time.Second
+
+type txKey struct{}
+type ticketKey struct{}
+
+// Tx returns the transaction that the middleware opened for the handler of
+// this request: write through it, and do not commit or roll it back. Nil for
+// a request the middleware does not cover.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
+	return tx
+}
+
+// TicketFrom returns the request's claim (outcome New): its Attempt and
+// recovery point tell a handler whether it resumes a takeover. Nil when the
+// request runs unguarded.
+func TicketFrom(ctx context.Context) *Ticket {
+	t, _ := ctx.Value(ticketKey{}).(*Ticket)
+	return t
+}
+
+// CredentialScope is the default scope: the lowercase hex SHA-256 of
+// "authorization:<Authorization>", else of "x-api-key:<X-API-Key>", else "".
+// The credential itself is never stored.
+func CredentialScope(r *http.Request) string {
+	for _, name := range []string{"Authorization", "X-API-Key"} {
+		if values := r.Header.Values(name); len(values) > 0 {
+			sum := sha256.Sum256([]byte(strings.ToLower(name) + ":" + values[0]))
+			return hex.EncodeToString(sum[:])
+		}
+	}
+	return ""
+}
+
+// guard is the middleware's configuration, defaults applied.
+type guard struct {
+	pool    Pool
+	opts    Options
+	methods map[string]bool
+	stored  []string // canonical names of the headers to store
+}
+
+// Middleware returns net/http middleware that makes the covered requests
+// safe to retry: it claims the request's Idempotency-Key, answers retries
+// from the stored response, and runs a new request's handler in a
+// transaction (Tx) that commits with the stored response. It panics on a
+// negative Lease, Retention or MaxBodyBytes.
+func Middleware(pool Pool, opts Options) func(http.Handler) http.Handler {
+	g := newGuard(pool, opts)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			g.serve(w, r, next)
+		})
+	}
+}
+
+// newGuard checks opts and fills in the defaults.
+func newGuard(pool Pool, opts Options) *guard {
+	if opts.Lease < 0 || opts.Retention < 0 || opts.MaxBodyBytes < 0 {
+		panic("idempotency: Lease, Retention and MaxBodyBytes must not be negative")
+	}
+	if opts.Methods == nil {
+		opts.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if opts.StoreHeaders == nil {
+		opts.StoreHeaders = []string{"Content-Type", "Location"}
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 1 << 20
+	}
+	if opts.Scope == nil {
+		opts.Scope = CredentialScope
+	}
+	if opts.Logger == nil {
+		opts.Logger = log.Default()
+	}
+	g := &guard{pool: pool, opts: opts, methods: map[string]bool{}}
+	for _, m := range opts.Methods {
+		g.methods[strings.ToUpper(m)] = true
+	}
+	for _, name := range opts.StoreHeaders {
+		g.stored = append(g.stored, http.CanonicalHeaderKey(name))
+	}
+	return g
+}
+
+// serve claims the key of a covered request and answers, or runs next.
+func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if !g.methods[r.Method] {
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, err := ParseKey(r.Header.Values("Idempotency-Key"))
+	switch {
+	case err == errKeyMissing && g.opts.KeyOptional:
+		g.run(w, r, next, nil)
+		return
+	case err == errKeyMissing:
+		writeProblem(w, http.StatusBadRequest, CodeKeyMissing, err.Error(), 0)
+		return
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), 0)
+		return
+	}
+	body, ok := g.readBody(w, r)
+	if !ok {
+		return
+	}
+	path, query := pathAndQuery(r)
+	t, err := Claim(r.Context(), g.pool, ClaimParams{
+		Scope: g.opts.Scope(r), Key: key, Fingerprint: Fingerprint(r.Method, path, body, query),
+		Lease: g.opts.Lease, Retention: g.opts.Retention,
+	})
+	switch {
+	case SQLState(err) == codeInvalidArg:
+		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid,
+			"the idempotency store refused this Idempotency-Key", 0)
+	case err != nil && g.opts.FailOpen:
+		g.opts.Logger.Printf("idempotency: running unguarded: %v", err)
+		g.run(w, r, next, nil)
+	case err != nil:
+		g.unavailable(w, err)
+	case t.Outcome == New:
+		g.run(w, r, next, t)
+	default:
+		answer(w, t)
+	}
+}
+
+// readBody reads the request body (for the fingerprint) and puts it back
+// for the handler; nil when there is none. False when it answered instead.
+func (g *guard) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.Body == nil {
+		return nil, true
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+			fmt.Sprintf("the request body is over %d bytes", g.opts.MaxBodyBytes), 0)
+		return nil, false
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, CodeBodyUnread, "the request body could not be read", 0)
+		return nil, false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if len(body) == 0 {
+		return nil, true
+	}
+	return body, true
+}
+
+// pathAndQuery splits the request target as the client sent it: the path,
+// and the query (nil when there is no '?' or nothing after it).
+func pathAndQuery(r *http.Request) (string, *string) {
+	path, query := r.URL.EscapedPath(), r.URL.RawQuery
+	if strings.HasPrefix(r.RequestURI, "/") {
+		path, query, _ = strings.Cut(r.RequestURI, "?")
+	}
+	if query == "" {
+		return path, nil
+	}
+	return path, &query
+}
+
+// answer replies to a claim that did not win: replay, in progress or mismatch.
+func answer(w http.ResponseWriter, t *Ticket) {
+	switch t.Outcome {
+	case Replay:
+		replay(w, t)
+	case InProgress:
+		writeProblem(w, http.StatusConflict, CodeKeyInProgress,
+			"a request with this Idempotency-Key is still in progress; retry after Retry-After seconds",
+			max(t.RetryAfter, 1))
+	default: // Mismatch
+		writeProblem(w, http.StatusUnprocessableEntity, CodeKeyMismatch,
+			"this Idempotency-Key was used with a different request", 0)
+	}
+}
+
+// run runs next in a transaction that it gives the handler through the
+// request context, holding the response until the transaction has ended.
+// t is the request's claim, nil when it runs unguarded.
+func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, t *Ticket) {
+	tx, err := g.pool.Begin(r.Context())
+	if err != nil {
+		g.release(t)
+		g.unavailable(w, err)
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			g.rollback(tx, t)
+			panic(p)
+		}
+	}()
+	ctx := context.WithValue(context.WithValue(r.Context(), txKey{}, tx), ticketKey{}, t)
+	rec := newRecorder()
+	next.ServeHTTP(rec, r.WithContext(ctx))
+	rec.finish()
+	g.settle(w, tx, t, rec)
+}
+
+// settle ends the handler's transaction and sends the response: a 5xx rolls
+// back and frees the key; otherwise complete and commit, or, when that
+// fails, 409 (the claim was lost) or 503.
+func (g *guard) settle(w http.ResponseWriter, tx pgx.Tx, t *Ticket, rec *recorder) {
+	if rec.status >= 500 {
+		g.rollback(tx, t)
+		rec.sendTo(w)
+		return
+	}
+	err := g.commit(tx, t, rec)
+	switch {
+	case err == nil:
+		rec.sendTo(w)
+	case errors.Is(err, ErrClaimLost):
+		writeProblem(w, http.StatusConflict, CodeClaimLost,
+			"this request ran past its lease and a retry took it over; its work was undone", 1)
+	default:
+		g.release(t)
+		g.unavailable(w, err)
+	}
+}
+
+// commit stores the response with complete (when claimed) and commits.
+func (g *guard) commit(tx pgx.Tx, t *Ticket, rec *recorder) error {
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	if t != nil {
+		stored := http.Header{}
+		for _, name := range g.stored {
+			if values := rec.header.Values(name); len(values) > 0 {
+				stored[name] = values
+			}
+		}
+		if _, err := t.Complete(ctx, tx, rec.status, rec.body.Bytes(), stored); err != nil {
+			tx.Rollback(ctx)
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// rollback undoes the handler's transaction and frees its key.
+func (g *guard) rollback(tx pgx.Tx, t *Ticket) {
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		g.opts.Logger.Printf("idempotency: rollback: %v", err)
+	}
+	g.release(t)
+}
+
+// release frees the key of claim t (if any) so that a retry runs again; a
+// failure only delays that retry until the lease ends.
+func (g *guard) release(t *Ticket) {
+	if t == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	if _, err := t.Release(ctx, g.pool); err != nil {
+		g.opts.Logger.Printf("idempotency: release: %v", err)
+	}
+}
+
+// unavailable fails closed: without the store, a retry could run twice.
+func (g *guard) unavailable(w http.ResponseWriter, err error) {
+	g.opts.Logger.Printf("idempotency: %v", err)
+	writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable,
+		"the idempotency store is unavailable; retry later", 1)
+}
+
+// max returns the larger of a and b.
+func max(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,164 @@
+// The retried-payment API: POST /payments charges once per Idempotency-Key.
+//
+// Environment: DATABASE_URL (a database where CREATE EXTENSION idempotency
+// is done), PORT (default 3000); for the tests, IDEMPOTENCY_LEASE (an
+// interval, default 60 seconds) and IDEMPOTENCY_FAIL_OPEN=on.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/idempotency/idempotency/clients/go/idempotency"
+	"github.com/jackc/pgx/v4/pgxpool"
+)
+
+const createCharges = `CREATE TABLE IF NOT EXISTS charges (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	amount numeric NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now())`
+
+// main connects, creates the table when missing, and serves until SIGTERM.
+func main() {
+	ctx := context.Background()
+	pool, err := connect(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, createCharges); err != nil {
+		log.Fatal(err)
+	}
+	lease, err := parseInterval(ctx, pool, getenv("IDEMPOTENCY_LEASE", "60 seconds"))
+	if err != nil {
+		log.Fatalf("IDEMPOTENCY_LEASE: %v", err)
+	}
+	guard := idempotency.Middleware(pool, idempotency.Options{
+		Lease:    lease,
+		FailOpen: os.Getenv("IDEMPOTENCY_FAIL_OPEN") == "on",
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", health)
+	mux.HandleFunc("/payments", pay)
+	srv := &http.Server{Addr: "127.0.0.1:" + getenv("PORT", "3000"), Handler: guard(mux),
+		ReadHeaderTimeout: 10 * time.Second}
+	serve(srv)
+}
+
+// connect opens a pool on url; an unreachable database fails a request
+// within 5 seconds (503) instead of hanging it.
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	return pgxpool.ConnectConfig(ctx, cfg)
+}
+
+// parseInterval reads a PostgreSQL interval ("1 second", "00:01:00") as the database does.
+func parseInterval(ctx context.Context, pool *pgxpool.Pool, text string) (time.Duration, error) {
+	var d time.Duration
+	err := pool.QueryRow(ctx, `SELECT $1::text::interval`, text).Scan(&d)
+	return d, err
+}
+
+// serve listens until SIGTERM or SIGINT, then lets requests in flight finish.
+func serve(srv *http.Server) {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-stop
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}()
+	log.Printf("listening on http://%s", srv.Addr)
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		log.Fatal(err)
+	}
+}
+
+// health answers GET / without the database.
+func health(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// payment is the body of POST /payments.
+type payment struct {
+	Amount  interface{} `json:"amount"`   // a JSON number over 0
+	DelayMs float64     `json:"delay_ms"` // test knob: sleep this long first
+	Fail    bool        `json:"fail"`     // test knob: charge, then answer 500
+}
+
+// pay charges the amount in the middleware's transaction: the charge and the
+// stored response commit together. delay_ms sleeps first; fail answers 500
+// after the charge was written, so the middleware rolls it back.
+func pay(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "use POST"})
+		return
+	}
+	var p payment
+	dec := json.NewDecoder(r.Body)
+	dec.UseNumber()
+	if err := dec.Decode(&p); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the body is not valid JSON"})
+		return
+	}
+	amount, ok := p.Amount.(json.Number)
+	if f, err := amount.Float64(); !ok || err != nil || !(f > 0) {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount must be a positive number"})
+		return
+	}
+	select {
+	case <-time.After(time.Duration(p.DelayMs * float64(time.Millisecond))):
+	case <-r.Context().Done():
+		return
+	}
+	var id int64
+	err := idempotency.Tx(r.Context()).QueryRow(r.Context(),
+		`INSERT INTO charges (amount) VALUES ($1::text::numeric) RETURNING id`, amount.String()).Scan(&id)
+	if err != nil {
+		log.Printf("charge: %v", err)
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "the charge failed"})
+		return
+	}
+	if p.Fail {
+		writeJSON(w, http.StatusInternalServerError,
+			map[string]string{"error": fmt.Sprintf("charge %d was declined", id)})
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]int64{"charge": id})
+}
+
+// writeJSON answers status with v as JSON.
+func writeJSON(w http.ResponseWriter, status int, v interface{}) {
+	body, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+// getenv is the environment variable name, or fallback when it is unset or empty.
+func getenv(name, fallback string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return fallback
+}
