@@ -81,6 +81,15 @@ shared_buffers = 16MB
 $extra_conf
 });
 	$node->start;
+	# Debian's PostgreSQL (15.20 onwards) lets only listed libraries decode
+	# WAL: shard splits decode with citus.
+	if ($node->safe_psql('postgres',
+			q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}))
+	{
+		$node->append_conf('postgresql.conf',
+			"output_plugin_libraries = 'pgoutput, test_decoding, citus'");
+		$node->reload;
+	}
 	return $node;
 }
 
