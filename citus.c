@@ -266,13 +266,13 @@ shard_relid(const KeysShard *s)
 	return relid;
 }
 
-/* Returns the description of local shard s's relation, which the caller has locked. */
+/* Returns the description of local shard s's relation. */
 static const IdemKeysRel *
 shard_rel(KeysShard *s)
 {
 	if (!s->described)
 	{
-		Relation	rel = table_open(shard_relid(s), NoLock);
+		Relation	rel = table_open(shard_relid(s), AccessShareLock);
 
 		idem_keys_rel_describe(rel, &s->rel);
 		table_close(rel, NoLock);
@@ -325,7 +325,6 @@ idem_citus_locate(IdemCall *call, const char *function, text *scope, bool scope_
 				 errdetail("idempotency.keys is distributed with Citus and this node holds no placement of shard " INT64_FORMAT ".",
 						   s->shardid),
 				 errhint("Call it on its own (SELECT * FROM idempotency.claim(...) or SELECT idempotency.complete(...)) with a constant scope, so that Citus delegates it.")));
-	LockRelationOid(shard_relid(s), AccessShareLock);
 	call->rel = *shard_rel(s);
 }
 

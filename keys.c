@@ -1,15 +1,18 @@
 /*-------------------------------------------------------------------------
  * keys.c
  *	  Access to idempotency.keys: the catalog facts, the right to use the
- *	  API, claim's direct reads, waits for writers, and every write.
+ *	  API, waits for writers, fences, and the writes and reads that are not
+ *	  on the hot path (keysheap.c has those).
  *
  * Application roles get no privilege on the table: each call switches to
  * the table's owner, as SECURITY DEFINER would but cheaper, and runs SPI
- * plans prepared once per backend.  Every name in the plans is schema-
- * qualified, operators included, so that the caller's search_path cannot
- * change their meaning.  The one read on the hot path, claim's, is a direct
- * primary-key lookup instead, without an executor: it took replays from
- * 0.68x to 0.95x a bare primary-key SELECT (bench/run).
+ * plans prepared once per backend and relation: a call works on the table
+ * itself, or with Citus on the scope's local shard, which citus.c chooses.
+ * Every name in the plans is schema-qualified, operators included, so that
+ * the caller's search_path cannot change their meaning.  The hot path,
+ * claim's read and insert and complete's update, does without the executor
+ * (keysheap.c): the read took replays from 0.68x to 0.95x a bare
+ * primary-key SELECT (bench/run).
  *
  * A record belongs to the role that claimed it, and is seen only by roles
  * that have the privileges of that owner: for any other role it is as if
@@ -664,14 +667,15 @@ bool
 idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint, int64 old_fence,
 				Interval *lease, Interval *retention, TimestampTz now, int64 *fence)
 {
+	int64		new_fence = idem_keys_next_fence(old_fence + 1);
 	Datum		values[9] = {PointerGetDatum(scope), PointerGetDatum(key),
 		ObjectIdGetDatum(call->caller), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
 		IntervalPGetDatum(retention), TimestampTzGetDatum(now), Int64GetDatum(old_fence),
-	Int64GetDatum(idem_keys_next_fence(old_fence + 1))};
+	Int64GetDatum(new_fence)};
 
 	if (run_plan(PLAN_RESET, call, values, NULL, false) != 1)
 		return false;
-	*fence = DatumGetInt64(values[8]);
+	*fence = new_fence;
 	return true;
 }
 
@@ -684,14 +688,15 @@ bool
 idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
 				   Interval *lease, TimestampTz now, IdemTakeover *result)
 {
+	int64		new_fence = idem_keys_next_fence(fence + 1);
 	Datum		values[7] = {PointerGetDatum(scope), PointerGetDatum(key),
 		ObjectIdGetDatum(owner), Int64GetDatum(fence), IntervalPGetDatum(lease),
-	TimestampTzGetDatum(now), Int64GetDatum(idem_keys_next_fence(fence + 1))};
+	TimestampTzGetDatum(now), Int64GetDatum(new_fence)};
 	bool		isnull;
 
 	if (run_plan(PLAN_TAKEOVER, call, values, NULL, false) != 1)
 		return false;
-	result->fence = DatumGetInt64(values[6]);
+	result->fence = new_fence;
 	result->attempt = DatumGetInt32(result_col(1, &isnull));
 	result->recovery_point = (text *) result_varlena(2, call->caller_cxt);
 	result->recovery_state = (Jsonb *) result_varlena(3, call->caller_cxt);

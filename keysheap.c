@@ -1,7 +1,9 @@
 /*-------------------------------------------------------------------------
  * keysheap.c
  *	  The hot paths to idempotency.keys, without the executor: claim's read
- *	  of a record, its insert of a new claim, and complete's update.
+ *	  of a record, its insert of a new claim, and complete's update.  Each
+ *	  works on the call's relation: the table itself, or with Citus the
+ *	  scope's local shard (citus.c).
  *
  * A fresh claim and its complete are most of the API's work; through SPI
  * each paid an executor start-up, and the insert an extra descent of the
@@ -120,6 +122,8 @@ cached_index_info(Relation index)
 	}
 	entry = hash_search(index_infos, &indexoid, HASH_ENTER, &found);
 	if (!found)
+		entry->info = NULL;
+	if (entry->info == NULL)
 	{
 		MemoryContext old = MemoryContextSwitchTo(index_info_cxt);
 

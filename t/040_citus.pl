@@ -201,7 +201,9 @@ my @null_shapes = (
 	q{SELECT idempotency.extend('n', 1)},
 	q{SELECT idempotency.checkpoint('n', 1, 'step')},
 	q{SELECT * FROM idempotency.lookup('n')},
-	q{BEGIN; SET LOCAL idempotency.scope = 'acct_1'; SELECT * FROM idempotency.claim('n', '\x01'); COMMIT});
+	q{BEGIN; SET LOCAL idempotency.scope = 'acct_1'; SELECT * FROM idempotency.claim('n', '\x01'); COMMIT},
+	q{SET plan_cache_mode = force_generic_plan;
+	  PREPARE g(text) AS SELECT * FROM idempotency.claim('n', '\x01', $1); EXECUTE g(NULL)});
 my $log_offset = -s $coord->logfile;
 for my $shape (@null_shapes)
 {
@@ -209,6 +211,11 @@ for my $shape (@null_shapes)
 }
 is(idem_sqlstate($workers->[0], q{SELECT * FROM idempotency.claim('n', '\x01', NULL)}),
 	'22004', 'a worker refuses a NULL scope too');
+# A generic plan leaves the scope a parameter: the function itself refuses
+# NULL there, instead of using the setting's scope.
+is(idem_sqlstate($w1, q{SET idempotency.scope = 'acct_1'; SET plan_cache_mode = force_generic_plan;
+	PREPARE g(text) AS SELECT * FROM idempotency.lookup('k1', $1); EXECUTE g(NULL)}),
+	'22004', 'a worker refuses a NULL scope in a generic plan, though the setting names a scope it holds');
 ok(!citus_crashed($coord, $log_offset), 'no backend of the coordinator crashed');
 ok(!citus_crashed($workers->[0], 0), 'no backend of the worker crashed');
 
@@ -291,11 +298,11 @@ my (undef, $take_fence) = $claim->('mv-take', q{, lease => '1 second'});
 
 # Moves the tenant's shard from one worker to the other while the
 # transaction $txn (a BackgroundPsql) is open; returns whether the shard was
-# still on its source 3 seconds into the move.  Commits $txn, then waits for
-# the move to finish.
+# still on its source 3 seconds into the move.  Then runs $meanwhile (a
+# code reference) if given, commits $txn, and waits for the move to finish.
 sub move_during
 {
-	my ($txn, $from, $to) = @_;
+	my ($txn, $from, $to, $meanwhile) = @_;
 	my $mover = $coord->background_psql('postgres', wait => 0);
 
 	$mover->query_until(qr/moving/, sprintf(qq{\\echo moving
@@ -304,18 +311,46 @@ SELECT citus_move_shard_placement(%s, '127.0.0.1', %d, '127.0.0.1', %d);
 	sleep 3;
 	my $waited = cq("SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = $shard")
 	  == $from->port;
+	$meanwhile->() if $meanwhile;
 	$txn->query_safe('COMMIT');
 	$txn->quit;
 	$mover->quit;
 	return $waited;
 }
 
+# Whether, on $node, some lock of Citus's placement metadata is awaited in $mode.
+sub placement_lock_awaited
+{
+	my ($node, $mode) = @_;
+	return poll_briefly($node,
+		qq{SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 8
+		   AND mode = '$mode' AND NOT granted}, 20);
+}
+
 # A transaction that only read the tenant's records holds the shard's
 # placement lock (as Citus's executor does for its writes): the move waits.
+# A claim that comes meanwhile waits behind the move, and then finds that
+# the shard has left: IK002, never a write into the old placement.
 my $reader = $coord->background_psql('postgres');
 $reader->query_safe("BEGIN; SELECT state FROM idempotency.lookup('mv-open', '$scope')");
-my $waited = move_during($reader, $src, $dst);
+my ($late, $late_out, $late_err);
+my $waited = move_during(
+	$reader, $src, $dst,
+	sub {
+		ok(placement_lock_awaited($src, 'ExclusiveLock'),
+			"the move awaits the shard's placement lock on its source");
+		$late = IPC::Run::start(
+			[ 'psql', '-XAtq', '-v', 'VERBOSITY=verbose', '-d', $coord->connstr('postgres'),
+				'-c', "SELECT outcome FROM idempotency.claim('mv-late', '\\x01', '$scope')" ],
+			'>', \$late_out, '2>', \$late_err);
+		ok(placement_lock_awaited($src, 'ShareLock'), 'a claim that comes meanwhile waits behind the move');
+	});
 ok($waited, 'the move waits for a transaction that read through the API');
+$late->finish;
+like($late_err // '', qr/ERROR:  IK002:/, 'the claim that waited behind the move raises IK002');
+is($src->safe_psql('postgres',
+		"SELECT count(*) FROM idempotency.keys_$shard WHERE key = 'mv-late'"),
+	'0', "and wrote nothing into the source's old placement of the shard");
 is(cq("SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = $shard"),
 	$dst->port, 'then the shard moved');
 is($dst->safe_psql('postgres',
@@ -409,19 +444,18 @@ is(cq(q{SELECT count(*) FROM idempotency.keys WHERE key IN ('mv-open', 'held', '
 # Dropping the extension
 # ---------------------------------------------------------------------------
 
+# The moves left the old placements of their shards to Citus's deferred
+# cleanup (off in these clusters, so that they are surely still there).
 is(idem_sqlstate($coord, 'DROP EXTENSION idempotency'), '2BP01',
-	'DROP EXTENSION alone is refused: the shards depend on it');
-# Shards left behind by the move are dropped later by Citus's cleanup: now.
-cq(q{CALL citus_cleanup_orphaned_resources();
-	 SELECT citus_drop_all_shards('idempotency.keys', 'idempotency', 'keys');
-	 DROP EXTENSION idempotency;});
+	'DROP EXTENSION is refused while old placements of moved shards wait for cleanup');
+cq(q{CALL citus_cleanup_orphaned_resources(); DROP EXTENSION idempotency;});
 for my $node ($coord, @$workers)
 {
 	is($node->safe_psql('postgres',
 			q{SET citus.override_table_visibility = off;
 			  SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'}
 			  . q{ UNION ALL SELECT count(*) FROM pg_class WHERE relname ~ '^keys_[0-9]+$'}),
-		"0\n0", $node->name . ': cleanup, citus_drop_all_shards and DROP EXTENSION leave nothing behind');
+		"0\n0", $node->name . ': the cleanup, then DROP EXTENSION, leave nothing behind');
 }
 
 ok(!citus_crashed($_, 0), $_->name . ': no backend crashed during the test')
