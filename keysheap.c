@@ -77,8 +77,10 @@ typedef struct KeysRel
 /*
  * IndexInfo of the indexes of the tables that hold records (idempotency.keys,
  * or with Citus each local shard of it), built once per backend (as the
- * executor builds them once per statement) and forgotten with any relcache
- * entry.
+ * executor builds them once per statement) and forgotten after any relcache
+ * invalidation.  Forgotten at the start of the next write, not in the
+ * invalidation callback: a write that is opening its indexes reads
+ * invalidations, and holds the IndexInfo of those it opened already.
  */
 typedef struct IndexInfoEntry
 {
@@ -88,14 +90,25 @@ typedef struct IndexInfoEntry
 
 static MemoryContext index_info_cxt = NULL;
 static HTAB *index_infos = NULL;
+static bool index_infos_stale = false;
 
-/* Forgets the cached IndexInfo when a relcache entry goes. */
+/* Marks the cached IndexInfo stale when a relcache entry goes. */
 static void
 index_info_invalidate(Datum arg, Oid relid)
 {
+	index_infos_stale = true;
+}
+
+/* Forgets the cached IndexInfo if an invalidation made it stale; none may be in use. */
+static void
+forget_stale_index_infos(void)
+{
+	if (!index_infos_stale)
+		return;
 	if (index_info_cxt != NULL)
 		MemoryContextReset(index_info_cxt);
 	index_infos = NULL;
+	index_infos_stale = false;
 }
 
 /* Returns the IndexInfo of an index of a table of records, cached per backend. */
@@ -146,13 +159,12 @@ keys_open(const IdemCall *call, KeysRel *k)
 		elog(ERROR, "%s has more than %d indexes", call->rel.name, MAX_KEYS_INDEXES);
 	k->nindexes = 0;
 	foreach(lc, oids)
-	{
-		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
-
-		k->indexes[k->nindexes] = index;
-		k->info[k->nindexes++] = cached_index_info(index);
-	}
+		k->indexes[k->nindexes++] = index_open(lfirst_oid(lc), RowExclusiveLock);
 	list_free(oids);
+	/* Opening the indexes read the invalidations: only now can the cache be emptied. */
+	forget_stale_index_infos();
+	for (int i = 0; i < k->nindexes; i++)
+		k->info[i] = cached_index_info(k->indexes[i]);
 }
 
 /* Closes what keys_open opened, keeping the locks. */
