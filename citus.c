@@ -154,8 +154,10 @@ map_read_shards(Oid keys_relid)
 	plan = SPI_prepare(SHARDS_SQL, 1, argtypes);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-	if (SPI_execute_snapshot(plan, args, NULL, GetLatestSnapshot(), InvalidSnapshot,
-							 true, false, 0) != SPI_OK_SELECT)
+	/* A parallel worker cannot take a snapshot: it has its leader's. */
+	if (SPI_execute_snapshot(plan, args, NULL,
+							 IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot(),
+							 InvalidSnapshot, true, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the shards of idempotency.keys from Citus's catalogs");
 
 	old = MemoryContextSwitchTo(map_cxt);
