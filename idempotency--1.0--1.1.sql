@@ -60,7 +60,6 @@ DECLARE
 	tenant_column text;
 	tenant_type regtype;
 	tenant_collation oid;
-	scope_collation oid;
 	keys_colocation int;
 	table_colocation int;
 	misconfigured text;
@@ -88,13 +87,26 @@ BEGIN
 				 string_to_array(replace(result, ' ', ''), ',') AS libs
 		  FROM run_command_on_all_nodes('SHOW shared_preload_libraries')) n
 	WHERE NOT success
-	   OR NOT (libs OPERATOR(pg_catalog.@>) ARRAY['citus', 'idempotency'])
+	   OR NOT libs OPERATOR(pg_catalog.@>) ARRAY['citus', 'idempotency']
 	   OR array_position(libs, 'idempotency') OPERATOR(pg_catalog.<) array_position(libs, 'citus');
 	IF misconfigured IS NOT NULL THEN
 		RAISE EXCEPTION 'idempotency is not preloaded after citus on every node'
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 				  DETAIL = format('shared_preload_libraries on %s.', misconfigured),
 				  HINT = 'Set shared_preload_libraries = ''citus,idempotency'' on every node and restart it.';
+	END IF;
+
+	-- A record names its owner by role OID, and a role has another OID on
+	-- every node: when shards move, Citus must copy records as text, which
+	-- names roles by name.
+	SELECT string_agg(format('node %s (%s)', nodeid, result), ', ') INTO misconfigured
+	FROM run_command_on_all_nodes('SHOW citus.enable_binary_protocol')
+	WHERE NOT success OR result OPERATOR(pg_catalog.<>) 'off';
+	IF misconfigured IS NOT NULL THEN
+		RAISE EXCEPTION 'Citus copies records between nodes in binary'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('citus.enable_binary_protocol on %s: a binary copy keeps the OID of the role that owns a record, which is another role, or none, on another node.', misconfigured),
+				  HINT = 'Set citus.enable_binary_protocol = off on every node and reload.';
 	END IF;
 
 	-- The business table: hash-distributed by a text column of the
@@ -113,20 +125,16 @@ BEGIN
 				  HINT = format('Distribute it by its tenant column first: SELECT create_distributed_table(%L, ''tenant'').',
 								colocate_with::text);
 	END IF;
-	SELECT attcollation INTO scope_collation
-	FROM pg_attribute
-	WHERE attrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::regclass
-	  AND attname OPERATOR(pg_catalog.=) 'scope';
 	IF tenant_type OPERATOR(pg_catalog.<>) 'text'::regtype
-	   OR tenant_collation OPERATOR(pg_catalog.<>) scope_collation THEN
+	   OR tenant_collation OPERATOR(pg_catalog.<>) (
+		   SELECT attcollation FROM pg_attribute
+		   WHERE attrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::regclass
+			 AND attname OPERATOR(pg_catalog.=) 'scope') THEN
 		RAISE EXCEPTION 'table % is distributed by column "%" of type %, not text COLLATE "C"',
 			colocate_with, tenant_column,
-			format_type(tenant_type, NULL)
-			|| CASE WHEN tenant_collation OPERATOR(pg_catalog.<>) 0
-					 AND tenant_type OPERATOR(pg_catalog.=) 'text'::regtype
-					THEN ' COLLATE ' || (SELECT quote_ident(collname) FROM pg_collation
-										  WHERE oid OPERATOR(pg_catalog.=) tenant_collation)
-					ELSE '' END
+			format('%s%s', format_type(tenant_type, NULL),
+				   (SELECT format(' COLLATE %I', collname) FROM pg_collation
+					WHERE oid OPERATOR(pg_catalog.=) tenant_collation))
 			USING ERRCODE = 'datatype_mismatch',
 				  DETAIL = 'The records of a scope live beside the rows of the tenant of the same name: the scope is text in the C collation, and Citus colocates only distribution columns of the same type and collation.',
 				  HINT = 'Distribute the business tables by a column declared "text COLLATE \"C\"" that holds the scope.';

@@ -50,7 +50,6 @@
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
-#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -78,18 +77,17 @@ typedef struct KeysRel
  * IndexInfo of the indexes of the tables that hold records (idempotency.keys,
  * or with Citus each local shard of it), built once per backend (as the
  * executor builds them once per statement) and forgotten after any relcache
- * invalidation.  Forgotten at the start of the next write, not in the
- * invalidation callback: a write that is opening its indexes reads
- * invalidations, and holds the IndexInfo of those it opened already.
+ * invalidation, or when the cache is full.  Forgotten at the start of a
+ * write, not in the invalidation callback: a write that is opening its
+ * indexes reads invalidations, and holds the IndexInfo of those it opened
+ * already.  A short array: without Citus it holds two.
  */
-typedef struct IndexInfoEntry
-{
-	Oid			indexoid;		/* hash key */
-	IndexInfo  *info;
-} IndexInfoEntry;
+#define MAX_CACHED_INDEX_INFOS 64
 
 static MemoryContext index_info_cxt = NULL;
-static HTAB *index_infos = NULL;
+static Oid	index_info_oid[MAX_CACHED_INDEX_INFOS];
+static IndexInfo *index_info[MAX_CACHED_INDEX_INFOS];
+static int	index_info_count = 0;
 static bool index_infos_stale = false;
 
 /* Marks the cached IndexInfo stale when a relcache entry goes. */
@@ -99,15 +97,23 @@ index_info_invalidate(Datum arg, Oid relid)
 	index_infos_stale = true;
 }
 
-/* Forgets the cached IndexInfo if an invalidation made it stale; none may be in use. */
+/*
+ * Empties the cache if an invalidation made it stale or it has no room for
+ * n more; none of it may be in use.
+ */
 static void
-forget_stale_index_infos(void)
+make_room_for_index_infos(int n)
 {
-	if (!index_infos_stale)
+	if (index_info_cxt == NULL)
+	{
+		index_info_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency index info",
+											   ALLOCSET_SMALL_SIZES);
+		CacheRegisterRelcacheCallback(index_info_invalidate, (Datum) 0);
+	}
+	if (!index_infos_stale && index_info_count + n <= MAX_CACHED_INDEX_INFOS)
 		return;
-	if (index_info_cxt != NULL)
-		MemoryContextReset(index_info_cxt);
-	index_infos = NULL;
+	MemoryContextReset(index_info_cxt);
+	index_info_count = 0;
 	index_infos_stale = false;
 }
 
@@ -115,35 +121,18 @@ forget_stale_index_infos(void)
 static IndexInfo *
 cached_index_info(Relation index)
 {
-	Oid			indexoid = RelationGetRelid(index);
-	IndexInfoEntry *entry;
-	bool		found;
+	MemoryContext old;
+	IndexInfo  *info;
 
-	if (index_info_cxt == NULL)
-	{
-		index_info_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency index info",
-											   ALLOCSET_SMALL_SIZES);
-		CacheRegisterRelcacheCallback(index_info_invalidate, (Datum) 0);
-	}
-	if (index_infos == NULL)
-	{
-		HASHCTL		ctl = {.keysize = sizeof(Oid), .entrysize = sizeof(IndexInfoEntry),
-		.hcxt = index_info_cxt};
-
-		index_infos = hash_create("idempotency index info", 16, &ctl,
-								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	entry = hash_search(index_infos, &indexoid, HASH_ENTER, &found);
-	if (!found)
-		entry->info = NULL;
-	if (entry->info == NULL)
-	{
-		MemoryContext old = MemoryContextSwitchTo(index_info_cxt);
-
-		entry->info = BuildIndexInfo(index);
-		MemoryContextSwitchTo(old);
-	}
-	return entry->info;
+	for (int i = 0; i < index_info_count; i++)
+		if (index_info_oid[i] == RelationGetRelid(index))
+			return index_info[i];
+	old = MemoryContextSwitchTo(index_info_cxt);
+	info = BuildIndexInfo(index);
+	MemoryContextSwitchTo(old);
+	index_info_oid[index_info_count] = RelationGetRelid(index);
+	index_info[index_info_count++] = info;
+	return info;
 }
 
 /* Opens the call's table and all its indexes for a write (locks kept to the end of the transaction). */
@@ -162,7 +151,7 @@ keys_open(const IdemCall *call, KeysRel *k)
 		k->indexes[k->nindexes++] = index_open(lfirst_oid(lc), RowExclusiveLock);
 	list_free(oids);
 	/* Opening the indexes read the invalidations: only now can the cache be emptied. */
-	forget_stale_index_infos();
+	make_room_for_index_infos(k->nindexes);
 	for (int i = 0; i < k->nindexes; i++)
 		k->info[i] = cached_index_info(k->indexes[i]);
 }

@@ -90,6 +90,14 @@ is(idem_sqlstate($coord, q{SELECT idempotency.citus_distribute('local_only')}),
 	'22023', 'a table that is not distributed is refused');
 is(idem_sqlstate($coord, q{SELECT idempotency.citus_distribute(NULL)}),
 	'22004', 'a NULL table is refused');
+# Records name their owner by role OID, which differs from node to node:
+# Citus's binary copies would hand them to another role.
+$workers->[1]->safe_psql('postgres',
+	'ALTER SYSTEM SET citus.enable_binary_protocol = on; SELECT pg_reload_conf()');
+is(idem_sqlstate($coord, q{SELECT idempotency.citus_distribute('charges')}),
+	'55000', 'a node where Citus copies in binary is refused');
+$workers->[1]->safe_psql('postgres',
+	'ALTER SYSTEM RESET citus.enable_binary_protocol; SELECT pg_reload_conf()');
 is(cq(q{SELECT count(*) FROM pg_dist_partition
 		WHERE logicalrelid = 'idempotency.keys'::regclass}),
 	'0', 'the refusals distributed nothing');
@@ -295,6 +303,26 @@ my (undef, $open_fence) = $claim->('mv-open', q{, lease => '1 hour'});
 $src->safe_psql('postgres', q{SELECT setval('idempotency.fence_seq',
 	((extract(epoch FROM now()) - 946684800 + 3600) * 1000000)::bigint)});
 my (undef, $take_fence) = $claim->('mv-take', q{, lease => '1 second'});
+# A record of an application role (its OID differs on each node).  Citus
+# propagates the roles, not grants on the extension's schema: those go to
+# every node as the documentation says.
+$src->safe_psql('postgres', 'CREATE TABLE oid_shift (a int); DROP TABLE oid_shift');
+cq(q{CREATE ROLE app_citus LOGIN; CREATE ROLE app_other LOGIN;
+	 SELECT run_command_on_all_nodes(
+		'GRANT USAGE ON SCHEMA idempotency TO app_citus, app_other');});
+my $role_oid = q{SELECT 'app_citus'::regrole::oid};
+isnt($src->safe_psql('postgres', $role_oid), $dst->safe_psql('postgres', $role_oid),
+	'the role has another OID on each worker, as in a real cluster');
+# Claims key in the moving tenant's scope as role $role; returns the outcome.
+my $claim_as = sub {
+	my ($role, $key) = @_;
+	return cq_try("SET ROLE $role; SELECT outcome FROM idempotency.claim('$key', '\\x01', '$scope')");
+};
+my $app_fence = cq(qq{SET ROLE app_citus;
+	SELECT fence FROM idempotency.claim('mv-app', '\\x01', '$scope')});
+cq(qq{SET ROLE app_citus;
+	SELECT idempotency.complete('mv-app', $app_fence, 200, 'app', NULL, '$scope')});
+is($claim_as->('app_citus', 'mv-app'), 'replay', "an application role's claim replays before the move");
 
 # Moves the tenant's shard from one worker to the other while the
 # transaction $txn (a BackgroundPsql) is open; returns whether the shard was
@@ -356,7 +384,7 @@ is(cq("SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = $shard"),
 is($dst->safe_psql('postgres',
 		"SELECT string_agg(key || ':' || state, ',' ORDER BY key) FROM idempotency.keys_$shard"
 		  . " WHERE key LIKE 'mv-%'"),
-	'mv-done:completed,mv-open:in_progress,mv-take:in_progress',
+	'mv-app:completed,mv-done:completed,mv-open:in_progress,mv-take:in_progress',
 	"the tenant's records moved with it");
 is($dst->safe_psql('postgres',
 		"SELECT count(*) FROM charges_" . cq(
@@ -364,6 +392,9 @@ is($dst->safe_psql('postgres',
 	'1', "beside the tenant's business rows");
 is(cq("SELECT idempotency.complete('mv-open', $open_fence, 200, 'late', NULL, '$scope')"),
 	'stored', 'a claim made before the move completes after it with its fence');
+is($claim_as->('app_citus', 'mv-app'), 'replay',
+	"an application role's completed key replays after the move: the record is still its own");
+is($claim_as->('app_other', 'mv-app'), 'new', 'and another role does not see it');
 
 my @after = $claim->('mv-done', '');
 is($after[0], 'replay', 'a key completed before the move replays after it');
