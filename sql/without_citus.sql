@@ -9,7 +9,9 @@ CREATE TABLE citus_charges (tenant text COLLATE "C" NOT NULL);
 SELECT idempotency.citus_distribute('citus_charges');
 SELECT idempotency.citus_distribute(NULL);
 \set VERBOSITY default
+\set SHOW_CONTEXT never
 SELECT idempotency.citus_distribute('citus_charges');
+\set SHOW_CONTEXT errors
 
 -- Superusers only, like _fence_at_least.
 CREATE ROLE regress_citus_app;
