@@ -4,6 +4,7 @@
 MODULE_big = idempotency
 OBJS = \
 	args.o \
+	citus.o \
 	claim.o \
 	fingerprint.o \
 	guclist.o \

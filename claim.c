@@ -27,6 +27,7 @@
 #include "utils/timestamp.h"
 
 #include "args.h"
+#include "citus.h"
 #include "idempotency.h"
 #include "keys.h"
 #include "keysheap.h"
@@ -161,9 +162,9 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 		case STEP_INSERT:
 		case STEP_RESET:
 			if (!(step == STEP_INSERT ?
-				  idem_keys_insert(a->scope, a->key, call->caller, a->fingerprint,
+				  idem_keys_insert(call, a->scope, a->key, a->fingerprint,
 								   a->lease, a->retention, now, &fence) :
-				  idem_keys_reset(a->scope, a->key, call->caller, a->fingerprint,
+				  idem_keys_reset(call, a->scope, a->key, a->fingerprint, rec->fence,
 								  a->lease, a->retention, now, &fence)))
 				return false;
 			set_out(r, OUT_FENCE, Int64GetDatum(fence));
@@ -189,7 +190,7 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 	won = GetCurrentTimestamp();
 	if (won - now > WRITE_DELAY_RESTAMP_US)
 	{
-		idem_keys_restamp(a->scope, a->key, owner, DatumGetInt64(r->values[OUT_FENCE]), won,
+		idem_keys_restamp(call, a->scope, a->key, owner, DatumGetInt64(r->values[OUT_FENCE]), won,
 						  step == STEP_TAKEOVER ? NULL : a->retention);
 		if (step != STEP_TAKEOVER)
 			set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(won));
@@ -429,6 +430,8 @@ idempotency_claim(PG_FUNCTION_ARGS)
 		wait_ms = 0;
 
 	idem_call_begin(&call);
+	idem_citus_locate(&call, "idempotency.claim()", a.scope, PG_ARGISNULL(2));
+	idem_citus_floor_fences();
 	waited = claim_and_wait(&a, &call, wait_ms, &now, &r);
 	idem_call_end(&call);
 	if (r.outcome == CLAIM_NEW && synchronous_commit > SYNCHRONOUS_COMMIT_OFF)

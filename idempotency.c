@@ -5,8 +5,9 @@
  *
  * The parts, one file each:
  *	  args.c		checks of the API's arguments
- *	  keys.c		access to idempotency.keys: catalog, privileges, SPI plans
- *	  keysheap.c	the hot paths to idempotency.keys, without the executor
+ *	  keys.c		access to idempotency.keys: the catalog, calls, fences, SPI plans
+ *	  keysheap.c	claim's read and insert, complete's update, without the executor
+ *	  citus.c		idempotency.keys distributed with Citus: shards, NULL-scope guard
  *	  claim.c		claim()
  *	  record.c		complete(), release(), extend(), checkpoint(), lookup()
  *	  headers.c		the response headers that complete() stores
@@ -15,6 +16,7 @@
  *	  wait.c		claims waiting for an owner to finish
  *	  reaper.c		the background reaper and reap()
  *	  guclist.c		settings that hold a list of names
+ *	  shard.c		shard_hash(), shard_of()
  * Dependencies point one way: towards keys.c, stats.c, wait.c and this
  * file's settings; no two files use each other.
  *-------------------------------------------------------------------------
@@ -26,9 +28,11 @@
 #include "fmgr.h"
 #include "utils/guc.h"
 
+#include "citus.h"
 #include "compat.h"
 #include "headers.h"
 #include "idempotency.h"
+#include "keys.h"
 #include "reaper.h"
 #include "stats.h"
 #include "wait.h"
@@ -115,6 +119,8 @@ void
 _PG_init(void)
 {
 	define_settings();
+	idem_keys_init();
+	idem_citus_init();
 	idem_reaper_init();
 	idem_stats_init();
 	idem_wait_init();

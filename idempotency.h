@@ -12,6 +12,8 @@
 
 /* SQLSTATE IK001: the fence no longer owns the claim. */
 #define ERRCODE_FENCE_LOST MAKE_SQLSTATE('I','K','0','0','1')
+/* SQLSTATE IK002: with Citus, another node holds the scope's records. */
+#define ERRCODE_WRONG_NODE MAKE_SQLSTATE('I','K','0','0','2')
 
 #define IDEM_MAX_KEY_BYTES 255
 #define IDEM_MAX_SCOPE_BYTES 255

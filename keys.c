@@ -1,15 +1,18 @@
 /*-------------------------------------------------------------------------
  * keys.c
  *	  Access to idempotency.keys: the catalog facts, the right to use the
- *	  API, claim's direct reads, waits for writers, and every write.
+ *	  API, waits for writers, fences, and the writes and reads that are not
+ *	  on the hot path (keysheap.c has those).
  *
  * Application roles get no privilege on the table: each call switches to
  * the table's owner, as SECURITY DEFINER would but cheaper, and runs SPI
- * plans prepared once per backend.  Every name in the plans is schema-
- * qualified, operators included, so that the caller's search_path cannot
- * change their meaning.  The one read on the hot path, claim's, is a direct
- * primary-key lookup instead, without an executor: it took replays from
- * 0.68x to 0.95x a bare primary-key SELECT (bench/run).
+ * plans prepared once per backend and relation: a call works on the table
+ * itself, or with Citus on the scope's local shard, which citus.c chooses.
+ * Every name in the plans is schema-qualified, operators included, so that
+ * the caller's search_path cannot change their meaning.  The hot path,
+ * claim's read and insert and complete's update, does without the executor
+ * (keysheap.c): the read took replays from 0.68x to 0.95x a bare
+ * primary-key SELECT (bench/run).
  *
  * A record belongs to the role that claimed it, and is seen only by roles
  * that have the privileges of that owner: for any other role it is as if
@@ -40,17 +43,21 @@
 #include "catalog/pg_enum.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "parser/parse_relation.h"
 #include "storage/bufmgr.h"
+#include "storage/ipc.h"
 #include "storage/lmgr.h"
+#include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -59,6 +66,7 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+#include "compat.h"
 #include "keys.h"
 
 /*
@@ -73,7 +81,6 @@
 #define KEY_IS "scope" EQ "$1 AND key" EQ "$2"
 #define IN_PROGRESS "'in_progress'::idempotency.state"
 #define COMPLETED "'completed'::idempotency.state"
-#define NEXT_FENCE "pg_catalog.nextval('idempotency.fence_seq'::pg_catalog.regclass)"
 /* The record is seen by the caller, role $n: its own, or one whose privileges it has. */
 #define SEEN_BY(n) "(owner" EQ n " OR pg_catalog.pg_has_role(" n ", owner, 'USAGE'))"
 /* The caller ($4) sees the record and this fence ($3) owns it. */
@@ -98,26 +105,27 @@ typedef struct PlanDef
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[8];
+	Oid			argtypes[9];
 } PlanDef;
 
 static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_RESET] = {
 		"UPDATE idempotency.keys SET fingerprint = $4, state = " IN_PROGRESS ","
-		" fence = " NEXT_FENCE ", attempt = 1, lease = $5, lease_expires_at = $7" PLUS "$5,"
+		" fence = $9, attempt = 1, lease = $5, lease_expires_at = $7" PLUS "$5,"
 		" recovery_point = NULL, recovery_state = NULL, status_code = NULL,"
 		" headers = NULL, body = NULL, created_at = $7, completed_at = NULL,"
 		" expires_at = $7" PLUS "$6"
-		" WHERE " KEY_IS " AND owner" EQ "$3 AND " EXPIRED_AT("$7") " RETURNING fence",
-		7, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID}
+		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$8 AND " EXPIRED_AT("$7"),
+		9, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID,
+		INT8OID, INT8OID}
 	},
 	[PLAN_TAKEOVER] = {
-		"UPDATE idempotency.keys SET fence = " NEXT_FENCE ", attempt = attempt" PLUS "1,"
+		"UPDATE idempotency.keys SET fence = $7, attempt = attempt" PLUS "1,"
 		" lease = $5, lease_expires_at = $6" PLUS "$5"
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4 AND state" EQ IN_PROGRESS
 		" AND lease_expires_at" LE "$6 AND NOT (" EXPIRED_AT("$6") ")"
-		" RETURNING fence, attempt, recovery_point, recovery_state, created_at",
-		6, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID}
+		" RETURNING attempt, recovery_point, recovery_state, created_at",
+		7, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, INT8OID}
 	},
 	[PLAN_RESTAMP] = {
 		"UPDATE idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
@@ -158,7 +166,28 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	},
 };
 
-static SPIPlanPtr plans[NUM_PLANS];
+/*
+ * The plans of one relation (idempotency.keys, or one of its Citus shards),
+ * prepared on first use: each plan's SQL names that relation.  Keyed by the
+ * relation's name, not its OID, so that the plan cache re-resolves the name
+ * when the relation is dropped and made again (a shard moved away and back).
+ */
+typedef struct PlanSet
+{
+	char		name[IDEM_REL_NAME_SIZE];	/* hash key */
+	SPIPlanPtr	plans[NUM_PLANS];
+} PlanSet;
+
+static HTAB *plan_sets = NULL;
+static PlanSet *last_plan_set = NULL;
+
+/* The fence lock's tranche, and whether it was asked for (the library was preloaded). */
+#define FENCE_TRANCHE "idempotency fence"
+static bool fence_lock_requested = false;
+
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+#endif
 
 /* Whether this call has connected to SPI: only calls that run a plan do. */
 static bool spi_connected = false;
@@ -187,14 +216,42 @@ static const char *const column_names[IDEM_NUM_COLS] = {
 };
 static bool catalog_valid = false;
 
+PG_FUNCTION_INFO_V1(idempotency_fence_at_least);
+
 /* The last role found allowed to use the API; forgotten when privileges change. */
 static Oid	api_user_checked = InvalidOid;
+
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+/* Asks for the fence lock. */
+static void
+keys_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestNamedLWLockTranche(FENCE_TRANCHE, 1);
+}
+#endif
+
+/* Asks for the fence lock in shared memory, when preloading; called from _PG_init. */
+void
+idem_keys_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = keys_shmem_request;
+#else
+	RequestNamedLWLockTranche(FENCE_TRANCHE, 1);
+#endif
+	fence_lock_requested = true;
+}
 
 /* Forgets the cached catalog facts when the table's relcache entry goes. */
 static void
 catalog_invalidate(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == catalog.keys_relid ||
+	if (relid == InvalidOid || relid == catalog.keys.relid ||
 		relid == catalog.fence_seq_relid)
 		catalog_valid = false;
 }
@@ -206,15 +263,25 @@ api_user_invalidate(Datum arg, int cacheid, uint32 hashvalue)
 	api_user_checked = InvalidOid;
 }
 
-/* Returns the number of a column of idempotency.keys. */
-static AttrNumber
-keys_column(Relation rel, const char *name)
+/*
+ * Describes a relation that holds records (idempotency.keys or a shard of
+ * it): its OID, its name for SQL, and the numbers of its columns.
+ */
+void
+idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
 {
-	AttrNumber	attnum = attnameAttNum(rel, name, false);
+	const char *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+												  RelationGetRelationName(rel));
 
-	if (attnum == InvalidAttrNumber)
-		elog(ERROR, "column \"%s\" of idempotency.keys does not exist", name);
-	return attnum;
+	out->relid = RelationGetRelid(rel);
+	if (strlcpy(out->name, name, sizeof(out->name)) >= sizeof(out->name))
+		elog(ERROR, "relation name %s is too long", name);
+	for (int i = 0; i < IDEM_NUM_COLS; i++)
+	{
+		out->att[i] = attnameAttNum(rel, column_names[i], false);
+		if (out->att[i] == InvalidAttrNumber)
+			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
+	}
 }
 
 /* Returns the enum value of label in type enumtype; raises when it is missing. */
@@ -236,25 +303,25 @@ idem_keys_catalog(void)
 	static bool callbacks_registered = false;
 	IdemKeysCatalog *c = &catalog;
 	Relation	rel;
+	Oid			keys_relid;
 	Oid			state_type;
 
 	if (catalog_valid)
 		return c;
 
 	c->namespace = get_namespace_oid("idempotency", false);
-	c->keys_relid = get_relname_relid("keys", c->namespace);
+	keys_relid = get_relname_relid("keys", c->namespace);
 	c->fence_seq_relid = get_relname_relid("fence_seq", c->namespace);
-	if (!OidIsValid(c->keys_relid) || !OidIsValid(c->fence_seq_relid))
+	if (!OidIsValid(keys_relid) || !OidIsValid(c->fence_seq_relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation \"idempotency.keys\" does not exist"),
 				 errhint("Run CREATE EXTENSION idempotency.")));
 
-	rel = table_open(c->keys_relid, AccessShareLock);
+	rel = table_open(keys_relid, AccessShareLock);
 	c->table_owner = rel->rd_rel->relowner;
-	for (int i = 0; i < IDEM_NUM_COLS; i++)
-		c->att[i] = keys_column(rel, column_names[i]);
-	state_type = TupleDescAttr(RelationGetDescr(rel), c->att[IDEM_COL_STATE] - 1)->atttypid;
+	idem_keys_rel_describe(rel, &c->keys);
+	state_type = TupleDescAttr(RelationGetDescr(rel), c->keys.att[IDEM_COL_STATE] - 1)->atttypid;
 	table_close(rel, AccessShareLock);
 	c->in_progress_label = enum_label(state_type, "in_progress");
 	c->completed_label = enum_label(state_type, "completed");
@@ -327,8 +394,9 @@ check_api_privilege(const IdemKeysCatalog *c, Oid role)
 
 /*
  * Checks that the caller may use the API and becomes the table's owner (SPI
- * is connected when a plan first runs).  An error before idem_call_end
- * needs no cleanup: (sub)transaction abort restores the user and closes SPI.
+ * is connected when a plan first runs); the call works on idempotency.keys
+ * unless citus.c chooses a shard.  An error before idem_call_end needs no
+ * cleanup: (sub)transaction abort restores the user and closes SPI.
  */
 void
 idem_call_begin(IdemCall *call)
@@ -337,6 +405,7 @@ idem_call_begin(IdemCall *call)
 
 	call->caller = GetUserId();
 	check_api_privilege(c, call->caller);
+	call->rel = c->keys;
 	call->caller_cxt = CurrentMemoryContext;
 	GetUserIdAndSecContext(&call->save_userid, &call->save_sec_context);
 	SetUserIdAndSecContext(c->table_owner, call->save_sec_context |
@@ -423,9 +492,66 @@ idem_wait_for_xact(TransactionId xid, long timeout_ms)
 	return ended;
 }
 
-/* Runs a plan, preparing and saving it on first use; returns rows processed. */
+/* Returns the SQL of a plan for relation name: the plan's own with name for idempotency.keys. */
+static char *
+plan_sql(const char *sql, const char *name)
+{
+	static const char table[] = "idempotency.keys";
+	StringInfoData buf;
+	const char *hit;
+
+	initStringInfo(&buf);
+	while ((hit = strstr(sql, table)) != NULL)
+	{
+		appendBinaryStringInfo(&buf, sql, hit - sql);
+		appendStringInfoString(&buf, name);
+		sql = hit + strlen(table);
+	}
+	appendStringInfoString(&buf, sql);
+	return buf.data;
+}
+
+/* Returns plan id for relation rel, preparing and saving it on first use. */
+static SPIPlanPtr
+plan_for(PlanId id, const IdemKeysRel *rel)
+{
+	PlanSet    *set = last_plan_set;
+
+	if (set == NULL || strcmp(set->name, rel->name) != 0)
+	{
+		bool		found;
+
+		if (plan_sets == NULL)
+		{
+			HASHCTL		ctl = {.keysize = IDEM_REL_NAME_SIZE, .entrysize = sizeof(PlanSet)};
+
+			plan_sets = hash_create("idempotency plans", 8, &ctl, HASH_ELEM | HASH_STRINGS);
+		}
+		set = hash_search(plan_sets, rel->name, HASH_ENTER, &found);
+		if (!found)
+			memset(set->plans, 0, sizeof(set->plans));
+		last_plan_set = set;
+	}
+	if (set->plans[id] == NULL)
+	{
+		const PlanDef *def = &plan_defs[id];
+		char	   *sql = plan_sql(def->sql, rel->name);
+		SPIPlanPtr	plan = SPI_prepare(sql, def->nargs, (Oid *) def->argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 sql, SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		pfree(sql);
+		set->plans[id] = plan;
+	}
+	return set->plans[id];
+}
+
+/* Runs a plan on the call's relation; returns rows processed. */
 static uint64
-run_plan(PlanId id, Datum *values, const char *nulls, bool read_only)
+run_plan(PlanId id, const IdemCall *call, Datum *values, const char *nulls, bool read_only)
 {
 	int			rc;
 
@@ -435,19 +561,7 @@ run_plan(PlanId id, Datum *values, const char *nulls, bool read_only)
 			elog(ERROR, "SPI_connect failed");
 		spi_connected = true;
 	}
-	if (plans[id] == NULL)
-	{
-		const PlanDef *def = &plan_defs[id];
-		SPIPlanPtr	plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 def->sql, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		plans[id] = plan;
-	}
-	rc = SPI_execute_plan(plans[id], values, nulls, read_only, 0);
+	rc = SPI_execute_plan(plan_for(id, &call->rel), values, nulls, read_only, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return SPI_processed;
@@ -485,22 +599,91 @@ result_varlena(int n, MemoryContext cxt)
 	return idem_varlena_copy(value, isnull, cxt);
 }
 
+/* The lock under which fences are drawn; NULL without preloading. */
+static LWLock *
+fence_lock(void)
+{
+	static LWLock *lock = NULL;
+
+	if (lock == NULL && fence_lock_requested)
+		lock = &GetNamedLWLockTranche(FENCE_TRANCHE)->lock;
+	return lock;
+}
+
 /*
- * Makes owner's expired record of (scope, key) a new claim; returns whether
- * it was still expired, and the new fence.
+ * Returns a new fence of at least at_least from sequence seq: its next value,
+ * or at_least, with the sequence raised to it, when the sequence is behind.
+ * It is behind only with Citus, for records that came with a shard move
+ * (their fence + 1) and for the floor after shards arrive (citus.c).
+ *
+ * A draw that may raise the sequence holds the fence lock exclusively, the
+ * others share it: setval must not move the sequence back below a value that
+ * another backend drew between this nextval and this setval.  The sequence's
+ * own lock is taken first, so that nothing waits for it while holding ours.
+ * idem_keys_flush_fence covers a setval as it covers nextval: it flushes the
+ * sequence page's LSN.
+ */
+static int64
+next_fence(Oid seq, int64 at_least)
+{
+	LWLock	   *lock = fence_lock();
+	int64		fence;
+
+	if (lock)
+	{
+		LockRelationOid(seq, RowExclusiveLock);
+		LWLockAcquire(lock, at_least > 0 ? LW_EXCLUSIVE : LW_SHARED);
+	}
+	fence = nextval_internal(seq, false);
+	if (fence < at_least)
+	{
+		DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seq), Int64GetDatum(at_least));
+		fence = at_least;
+	}
+	if (lock)
+		LWLockRelease(lock);
+	return fence;
+}
+
+/* Returns a new fence of at least at_least (see next_fence). */
+int64
+idem_keys_next_fence(int64 at_least)
+{
+	return next_fence(idem_keys_catalog()->fence_seq_relid, at_least);
+}
+
+/*
+ * _fence_at_least(at_least): draws a fence of at least at_least, raising the
+ * fence sequence when it is behind; citus_distribute raises every node's
+ * sequence with it.  It does not touch idempotency.keys, which the caller
+ * may have locked (citus_distribute, through a connection to this node).
+ */
+Datum
+idempotency_fence_at_least(PG_FUNCTION_ARGS)
+{
+	Oid			seq = get_relname_relid("fence_seq", get_namespace_oid("idempotency", false));
+
+	PG_RETURN_INT64(next_fence(seq, PG_GETARG_INT64(0)));
+}
+
+/*
+ * Makes the caller's expired record of (scope, key), whose fence is
+ * old_fence, a new claim; returns whether it was still that record and
+ * expired, and the new fence.
  */
 bool
-idem_keys_reset(text *scope, text *key, Oid owner, bytea *fingerprint,
+idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint, int64 old_fence,
 				Interval *lease, Interval *retention, TimestampTz now, int64 *fence)
 {
-	Datum		values[7] = {PointerGetDatum(scope), PointerGetDatum(key),
-		ObjectIdGetDatum(owner), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
-	IntervalPGetDatum(retention), TimestampTzGetDatum(now)};
-	bool		isnull;
+	int64		new_fence = idem_keys_next_fence(old_fence + 1);
+	Datum		values[9] = {PointerGetDatum(scope), PointerGetDatum(key),
+		ObjectIdGetDatum(call->caller), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
+		IntervalPGetDatum(retention), TimestampTzGetDatum(now), Int64GetDatum(old_fence),
+	Int64GetDatum(new_fence)};
 
-	if (run_plan(PLAN_RESET, values, NULL, false) != 1)
+	if (run_plan(PLAN_RESET, call, values, NULL, false) != 1)
 		return false;
-	*fence = DatumGetInt64(result_col(1, &isnull));
+	*fence = new_fence;
 	return true;
 }
 
@@ -513,18 +696,19 @@ bool
 idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
 				   Interval *lease, TimestampTz now, IdemTakeover *result)
 {
-	Datum		values[6] = {PointerGetDatum(scope), PointerGetDatum(key),
+	int64		new_fence = idem_keys_next_fence(fence + 1);
+	Datum		values[7] = {PointerGetDatum(scope), PointerGetDatum(key),
 		ObjectIdGetDatum(owner), Int64GetDatum(fence), IntervalPGetDatum(lease),
-	TimestampTzGetDatum(now)};
+	TimestampTzGetDatum(now), Int64GetDatum(new_fence)};
 	bool		isnull;
 
-	if (run_plan(PLAN_TAKEOVER, values, NULL, false) != 1)
+	if (run_plan(PLAN_TAKEOVER, call, values, NULL, false) != 1)
 		return false;
-	result->fence = DatumGetInt64(result_col(1, &isnull));
-	result->attempt = DatumGetInt32(result_col(2, &isnull));
-	result->recovery_point = (text *) result_varlena(3, call->caller_cxt);
-	result->recovery_state = (Jsonb *) result_varlena(4, call->caller_cxt);
-	result->created_at = DatumGetTimestampTz(result_col(5, &isnull));
+	result->fence = new_fence;
+	result->attempt = DatumGetInt32(result_col(1, &isnull));
+	result->recovery_point = (text *) result_varlena(2, call->caller_cxt);
+	result->recovery_state = (Jsonb *) result_varlena(3, call->caller_cxt);
+	result->created_at = DatumGetTimestampTz(result_col(4, &isnull));
 	return true;
 }
 
@@ -534,15 +718,15 @@ idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fenc
  * waiting by another transaction, so that its lease starts when it won.
  */
 void
-idem_keys_restamp(text *scope, text *key, Oid owner, int64 fence, TimestampTz now,
-				  Interval *retention)
+idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
+				  TimestampTz now, Interval *retention)
 {
 	Datum		values[6] = {PointerGetDatum(scope), PointerGetDatum(key),
 		ObjectIdGetDatum(owner), Int64GetDatum(fence), TimestampTzGetDatum(now),
 	PointerGetDatum(retention)};
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', retention ? ' ' : 'n'};
 
-	if (run_plan(PLAN_RESTAMP, values, nulls, false) != 1)
+	if (run_plan(PLAN_RESTAMP, call, values, nulls, false) != 1)
 		elog(ERROR, "the claim just won of idempotency key \"%s\" is gone",
 			 text_to_cstring(key));
 }
@@ -579,7 +763,7 @@ idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence)
 	Datum		values[4] = {PointerGetDatum(scope), PointerGetDatum(key),
 	Int64GetDatum(fence), ObjectIdGetDatum(call->caller)};
 
-	return run_plan(PLAN_RELEASE, values, NULL, false) == 1;
+	return run_plan(PLAN_RELEASE, call, values, NULL, false) == 1;
 }
 
 /*
@@ -596,7 +780,7 @@ idem_keys_extend(IdemCall *call, text *scope, text *key, int64 fence, Interval *
 	char		nulls[6] = {' ', ' ', ' ', ' ', lease ? ' ' : 'n', ' '};
 	bool		isnull;
 
-	if (run_plan(PLAN_EXTEND, values, nulls, false) != 1)
+	if (run_plan(PLAN_EXTEND, call, values, nulls, false) != 1)
 		return false;
 	*ends = DatumGetTimestampTz(result_col(1, &isnull));
 	return true;
@@ -612,7 +796,7 @@ idem_keys_checkpoint(IdemCall *call, text *scope, text *key, int64 fence,
 	PointerGetDatum(recovery_state), TimestampTzGetDatum(now)};
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', recovery_state ? ' ' : 'n', ' '};
 
-	return run_plan(PLAN_CHECKPOINT, values, nulls, false) == 1;
+	return run_plan(PLAN_CHECKPOINT, call, values, nulls, false) == 1;
 }
 
 /*
@@ -627,7 +811,7 @@ idem_keys_lookup(IdemCall *call, text *scope, text *key, TimestampTz now)
 	MemoryContext old;
 	HeapTuple	tuple;
 
-	if (run_plan(PLAN_LOOKUP, values, NULL, true) != 1)
+	if (run_plan(PLAN_LOOKUP, call, values, NULL, true) != 1)
 		return NULL;
 	old = MemoryContextSwitchTo(call->caller_cxt);
 	tuple = heap_copytuple(SPI_tuptable->vals[0]);
@@ -636,18 +820,14 @@ idem_keys_lookup(IdemCall *call, text *scope, text *key, TimestampTz now)
 }
 
 /*
- * Deletes up to batch records expired at now, oldest first, skipping locked
- * ones; returns how many.  Used by reap() and by the background reaper.
+ * Deletes up to batch records of the call's relation expired at now, oldest
+ * first, skipping locked ones; returns how many.  Used by reap() and by the
+ * background reaper.
  */
 uint64
-idem_keys_reap(int batch, TimestampTz now)
+idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
 {
 	Datum		values[2] = {TimestampTzGetDatum(now), Int32GetDatum(batch)};
-	IdemCall	call;
-	uint64		reaped;
 
-	idem_call_begin(&call);
-	reaped = run_plan(PLAN_REAP, values, NULL, false);
-	idem_call_end(&call);
-	return reaped;
+	return run_plan(PLAN_REAP, call, values, NULL, false);
 }

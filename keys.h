@@ -3,7 +3,7 @@
  *	  Access to idempotency.keys, the table of records (keys.c).
  *
  * Every read and write of a record goes through here, as the table's
- * owner, between idem_call_begin and idem_call_end.
+ * owner, between idem_call_begin and idem_call_end, on the call's relation.
  *-------------------------------------------------------------------------
  */
 #ifndef IDEMPOTENCY_KEYS_H
@@ -14,6 +14,7 @@
 #include "access/htup.h"
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
+#include "utils/relcache.h"
 
 /* The columns of idempotency.keys. */
 typedef enum IdemKeysColumn
@@ -38,6 +39,20 @@ typedef enum IdemKeysColumn
 	IDEM_NUM_COLS
 } IdemKeysColumn;
 
+/* Room for a qualified, quoted relation name. */
+#define IDEM_REL_NAME_SIZE (2 * NAMEDATALEN + 8)
+
+/*
+ * A relation that holds records: idempotency.keys itself, or, when Citus
+ * distributes it, one of its shards (whose column numbers may differ).
+ */
+typedef struct IdemKeysRel
+{
+	Oid			relid;
+	char		name[IDEM_REL_NAME_SIZE];	/* qualified and quoted, for the SPI plans */
+	AttrNumber	att[IDEM_NUM_COLS];
+} IdemKeysRel;
+
 /*
  * What the calls need to know of the extension's objects, looked up once per
  * backend and forgotten when the table's relcache entry is invalidated (DROP
@@ -47,18 +62,21 @@ typedef enum IdemKeysColumn
 typedef struct IdemKeysCatalog
 {
 	Oid			namespace;
-	Oid			keys_relid;
+	IdemKeysRel keys;
 	Oid			fence_seq_relid;
 	Oid			table_owner;
 	Oid			in_progress_label;	/* the enum values of idempotency.state */
 	Oid			completed_label;
-	AttrNumber	att[IDEM_NUM_COLS];
 } IdemKeysCatalog;
 
-/* One call of the API: who called, and what to restore when it ends. */
+/*
+ * One call of the API: who called, the relation that holds the records it
+ * works on, and what to restore when it ends.
+ */
 typedef struct IdemCall
 {
 	Oid			caller;			/* the role that called: its records are its own */
+	IdemKeysRel rel;			/* idempotency.keys, unless citus.c chose a shard */
 	Oid			save_userid;
 	int			save_sec_context;
 	MemoryContext caller_cxt;	/* where results for the caller are copied */
@@ -90,7 +108,9 @@ typedef struct IdemTakeover
 	TimestampTz created_at;
 } IdemTakeover;
 
+extern void idem_keys_init(void);
 extern const IdemKeysCatalog *idem_keys_catalog(void);
+extern void idem_keys_rel_describe(Relation rel, IdemKeysRel *out);
 extern void idem_call_begin(IdemCall *call);
 extern void idem_call_end(IdemCall *call);
 
@@ -98,15 +118,17 @@ extern uint64 idem_key_hash(text *scope, text *key);
 extern struct varlena *idem_varlena_copy(Datum value, bool isnull, MemoryContext cxt);
 extern bool idem_wait_for_xact(TransactionId xid, long timeout_ms);
 
-extern bool idem_keys_reset(text *scope, text *key, Oid owner, bytea *fingerprint,
-							Interval *lease, Interval *retention, TimestampTz now,
-							int64 *fence);
+extern int64 idem_keys_next_fence(int64 at_least);
+extern void idem_keys_flush_fence(void);
+
+extern bool idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+							int64 old_fence, Interval *lease, Interval *retention,
+							TimestampTz now, int64 *fence);
 extern bool idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner,
 							   int64 fence, Interval *lease, TimestampTz now,
 							   IdemTakeover *result);
-extern void idem_keys_restamp(text *scope, text *key, Oid owner, int64 fence,
+extern void idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
 							  TimestampTz now, Interval *retention);
-extern void idem_keys_flush_fence(void);
 
 extern bool idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence);
 extern bool idem_keys_extend(IdemCall *call, text *scope, text *key, int64 fence,
@@ -115,6 +137,6 @@ extern bool idem_keys_checkpoint(IdemCall *call, text *scope, text *key, int64 f
 								 text *recovery_point, Jsonb *recovery_state,
 								 TimestampTz now);
 extern HeapTuple idem_keys_lookup(IdemCall *call, text *scope, text *key, TimestampTz now);
-extern uint64 idem_keys_reap(int batch, TimestampTz now);
+extern uint64 idem_keys_reap(IdemCall *call, int batch, TimestampTz now);
 
 #endif							/* IDEMPOTENCY_KEYS_H */

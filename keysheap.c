@@ -1,7 +1,9 @@
 /*-------------------------------------------------------------------------
  * keysheap.c
  *	  The hot paths to idempotency.keys, without the executor: claim's read
- *	  of a record, its insert of a new claim, and complete's update.
+ *	  of a record, its insert of a new claim, and complete's update.  Each
+ *	  works on the call's relation: the table itself, or with Citus the
+ *	  scope's local shard (citus.c).
  *
  * A fresh claim and its complete are most of the API's work; through SPI
  * each paid an executor start-up, and the insert an extra descent of the
@@ -41,7 +43,6 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/pg_collation.h"
-#include "commands/sequence.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
@@ -73,25 +74,50 @@ typedef struct KeysRel
 } KeysRel;
 
 /*
- * IndexInfo of the table's indexes, built once per backend (as the executor
- * builds them once per statement) and forgotten with the table's relcache
- * entry.
+ * IndexInfo of the indexes of the tables that hold records (idempotency.keys,
+ * or with Citus each local shard of it), built once per backend (as the
+ * executor builds them once per statement) and forgotten after any relcache
+ * invalidation, or when the cache is full.  Forgotten at the start of a
+ * write, not in the invalidation callback: a write that is opening its
+ * indexes reads invalidations, and holds the IndexInfo of those it opened
+ * already.  A short array: without Citus it holds two.
  */
-static MemoryContext index_info_cxt = NULL;
-static Oid	index_info_oid[MAX_KEYS_INDEXES];
-static IndexInfo *index_info[MAX_KEYS_INDEXES];
-static int	index_info_count = 0;
+#define MAX_CACHED_INDEX_INFOS 64
 
-/* Forgets the cached IndexInfo when the table's (or an index's) relcache entry goes. */
+static MemoryContext index_info_cxt = NULL;
+static Oid	index_info_oid[MAX_CACHED_INDEX_INFOS];
+static IndexInfo *index_info[MAX_CACHED_INDEX_INFOS];
+static int	index_info_count = 0;
+static bool index_infos_stale = false;
+
+/* Marks the cached IndexInfo stale when a relcache entry goes. */
 static void
 index_info_invalidate(Datum arg, Oid relid)
 {
-	if (index_info_cxt != NULL)
-		MemoryContextReset(index_info_cxt);
-	index_info_count = 0;
+	index_infos_stale = true;
 }
 
-/* Returns the IndexInfo of an index of the table, cached per backend. */
+/*
+ * Empties the cache if an invalidation made it stale or it has no room for
+ * n more; none of it may be in use.
+ */
+static void
+make_room_for_index_infos(int n)
+{
+	if (index_info_cxt == NULL)
+	{
+		index_info_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency index info",
+											   ALLOCSET_SMALL_SIZES);
+		CacheRegisterRelcacheCallback(index_info_invalidate, (Datum) 0);
+	}
+	if (!index_infos_stale && index_info_count + n <= MAX_CACHED_INDEX_INFOS)
+		return;
+	MemoryContextReset(index_info_cxt);
+	index_info_count = 0;
+	index_infos_stale = false;
+}
+
+/* Returns the IndexInfo of an index of a table of records, cached per backend. */
 static IndexInfo *
 cached_index_info(Relation index)
 {
@@ -101,43 +127,33 @@ cached_index_info(Relation index)
 	for (int i = 0; i < index_info_count; i++)
 		if (index_info_oid[i] == RelationGetRelid(index))
 			return index_info[i];
-	if (index_info_cxt == NULL)
-	{
-		index_info_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency index info",
-											   ALLOCSET_SMALL_SIZES);
-		CacheRegisterRelcacheCallback(index_info_invalidate, (Datum) 0);
-	}
 	old = MemoryContextSwitchTo(index_info_cxt);
 	info = BuildIndexInfo(index);
 	MemoryContextSwitchTo(old);
-	if (index_info_count < MAX_KEYS_INDEXES)
-	{
-		index_info_oid[index_info_count] = RelationGetRelid(index);
-		index_info[index_info_count++] = info;
-	}
+	index_info_oid[index_info_count] = RelationGetRelid(index);
+	index_info[index_info_count++] = info;
 	return info;
 }
 
-/* Opens the table and all its indexes for a write (locks kept to the end of the transaction). */
+/* Opens the call's table and all its indexes for a write (locks kept to the end of the transaction). */
 static void
-keys_open(KeysRel *k)
+keys_open(const IdemCall *call, KeysRel *k)
 {
 	List	   *oids;
 	ListCell   *lc;
 
-	k->rel = table_open(idem_keys_catalog()->keys_relid, RowExclusiveLock);
+	k->rel = table_open(call->rel.relid, RowExclusiveLock);
 	oids = RelationGetIndexList(k->rel);
 	if (list_length(oids) > MAX_KEYS_INDEXES)
-		elog(ERROR, "idempotency.keys has more than %d indexes", MAX_KEYS_INDEXES);
+		elog(ERROR, "%s has more than %d indexes", call->rel.name, MAX_KEYS_INDEXES);
 	k->nindexes = 0;
 	foreach(lc, oids)
-	{
-		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
-
-		k->indexes[k->nindexes] = index;
-		k->info[k->nindexes++] = cached_index_info(index);
-	}
+		k->indexes[k->nindexes++] = index_open(lfirst_oid(lc), RowExclusiveLock);
 	list_free(oids);
+	/* Opening the indexes read the invalidations: only now can the cache be emptied. */
+	make_room_for_index_infos(k->nindexes);
+	for (int i = 0; i < k->nindexes; i++)
+		k->info[i] = cached_index_info(k->indexes[i]);
 }
 
 /* Closes what keys_open opened, keeping the locks. */
@@ -165,27 +181,27 @@ begin_key_scan(Relation rel, Relation pk, Snapshot snapshot, text *scope, text *
 	return scan;
 }
 
-/* Returns a column of the slot's tuple that may not be NULL. */
+/* Returns a column, which may not be NULL, of the slot's tuple of the call's table. */
 static Datum
-slot_col(TupleTableSlot *slot, IdemKeysColumn col)
+slot_col(const IdemCall *call, TupleTableSlot *slot, IdemKeysColumn col)
 {
-	AttrNumber	attnum = idem_keys_catalog()->att[col];
+	AttrNumber	attnum = call->rel.att[col];
 	bool		isnull;
 	Datum		value = slot_getattr(slot, attnum, &isnull);
 
 	if (isnull)
-		elog(ERROR, "unexpected null in column %d of idempotency.keys", attnum);
+		elog(ERROR, "unexpected null in column %d of %s", attnum, call->rel.name);
 	return value;
 }
 
-/* Copies a varlena column of the slot, detoasted, into cxt; NULL when NULL. */
+/* Copies a varlena column of the slot, detoasted, into the caller's memory; NULL when NULL. */
 static struct varlena *
-slot_varlena(TupleTableSlot *slot, IdemKeysColumn col, MemoryContext cxt)
+slot_varlena(const IdemCall *call, TupleTableSlot *slot, IdemKeysColumn col)
 {
 	bool		isnull;
-	Datum		value = slot_getattr(slot, idem_keys_catalog()->att[col], &isnull);
+	Datum		value = slot_getattr(slot, call->rel.att[col], &isnull);
 
-	return idem_varlena_copy(value, isnull, cxt);
+	return idem_varlena_copy(value, isnull, call->caller_cxt);
 }
 
 /* Tells whether the caller sees records of owner: its own, or a role whose privileges it has. */
@@ -201,50 +217,51 @@ sees_owner(Oid caller, Oid owner)
  * one; -1 a record it does not see.  Claim decides on the lowest rank.
  */
 static int
-record_rank(const IdemKeysCatalog *c, TupleTableSlot *slot, Oid caller, TimestampTz now)
+record_rank(const IdemCall *call, TupleTableSlot *slot, TimestampTz now)
 {
-	Oid			owner = DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER));
-	bool		own = (owner == caller);
+	Oid			owner = DatumGetObjectId(slot_col(call, slot, IDEM_COL_OWNER));
+	bool		own = (owner == call->caller);
 	bool		completed;
 	bool		isnull;
 	Datum		lease_end;
 	bool		expired;
 
-	if (!own && !has_privs_of_role(caller, owner))
+	if (!own && !has_privs_of_role(call->caller, owner))
 		return -1;
-	completed = DatumGetObjectId(slot_col(slot, IDEM_COL_STATE)) == c->completed_label;
-	lease_end = slot_getattr(slot, c->att[IDEM_COL_LEASE_EXPIRES_AT], &isnull);
-	expired = DatumGetTimestampTz(slot_col(slot, IDEM_COL_EXPIRES_AT)) <= now &&
+	completed = DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) ==
+		idem_keys_catalog()->completed_label;
+	lease_end = slot_getattr(slot, call->rel.att[IDEM_COL_LEASE_EXPIRES_AT], &isnull);
+	expired = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_EXPIRES_AT)) <= now &&
 		(completed || isnull || DatumGetTimestampTz(lease_end) <= now);
 	return (expired ? 2 : 0) + (own ? 0 : 1);
 }
 
 /* Fills rec from the record in slot; the response too when claim will replay it. */
 static void
-read_record(const IdemKeysCatalog *c, TupleTableSlot *slot, bytea *fingerprint,
-			MemoryContext cxt, IdemRecord *rec)
+read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, IdemRecord *rec)
 {
-	bytea	   *stored = DatumGetByteaPP(slot_col(slot, IDEM_COL_FINGERPRINT));
+	bytea	   *stored = DatumGetByteaPP(slot_col(call, slot, IDEM_COL_FINGERPRINT));
 	bool		isnull;
-	Datum		lease_end = slot_getattr(slot, c->att[IDEM_COL_LEASE_EXPIRES_AT], &isnull);
+	Datum		lease_end = slot_getattr(slot, call->rel.att[IDEM_COL_LEASE_EXPIRES_AT], &isnull);
 
-	rec->owner = DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER));
-	rec->fence = DatumGetInt64(slot_col(slot, IDEM_COL_FENCE));
-	rec->completed = DatumGetObjectId(slot_col(slot, IDEM_COL_STATE)) == c->completed_label;
+	rec->owner = DatumGetObjectId(slot_col(call, slot, IDEM_COL_OWNER));
+	rec->fence = DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE));
+	rec->completed = DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) ==
+		idem_keys_catalog()->completed_label;
 	rec->same_fingerprint =
 		VARSIZE_ANY_EXHDR(stored) == VARSIZE_ANY_EXHDR(fingerprint) &&
 		memcmp(VARDATA_ANY(stored), VARDATA_ANY(fingerprint),
 			   VARSIZE_ANY_EXHDR(stored)) == 0;
 	rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
-	rec->expires_at = DatumGetTimestampTz(slot_col(slot, IDEM_COL_EXPIRES_AT));
-	rec->created_at = DatumGetTimestampTz(slot_col(slot, IDEM_COL_CREATED_AT));
+	rec->expires_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_EXPIRES_AT));
+	rec->created_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_CREATED_AT));
 	rec->headers = NULL;
 	rec->body = NULL;
 	if (rec->completed && rec->same_fingerprint)
 	{
-		rec->status_code = DatumGetInt32(slot_col(slot, IDEM_COL_STATUS_CODE));
-		rec->headers = (Jsonb *) slot_varlena(slot, IDEM_COL_HEADERS, cxt);
-		rec->body = (bytea *) slot_varlena(slot, IDEM_COL_BODY, cxt);
+		rec->status_code = DatumGetInt32(slot_col(call, slot, IDEM_COL_STATUS_CODE));
+		rec->headers = (Jsonb *) slot_varlena(call, slot, IDEM_COL_HEADERS);
+		rec->body = (bytea *) slot_varlena(call, slot, IDEM_COL_BODY);
 	}
 }
 
@@ -260,7 +277,6 @@ bool
 idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 				TimestampTz now, IdemRecord *rec)
 {
-	const IdemKeysCatalog *c = idem_keys_catalog();
 	Relation	rel;
 	Relation	pk;
 	IndexScanDesc scan;
@@ -275,14 +291,14 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 	 * insert.
 	 */
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	rel = table_open(c->keys_relid, RowExclusiveLock);
+	rel = table_open(call->rel.relid, RowExclusiveLock);
 	pk = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
 	slot = table_slot_create(rel, NULL);
 	scan = begin_key_scan(rel, pk, snapshot, scope, key);
 
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
-		int			rank = record_rank(c, slot, call->caller, now);
+		int			rank = record_rank(call, slot, now);
 
 		if (rank < 0 || (best_rank >= 0 && rank >= best_rank))
 			continue;
@@ -297,7 +313,7 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 		best_rank = rank;
 	}
 	if (best)
-		read_record(c, best, fingerprint, call->caller_cxt, rec);
+		read_record(call, best, fingerprint, rec);
 
 	index_endscan(scan);
 	if (best && best != slot)
@@ -326,7 +342,7 @@ idem_keys_writer(IdemCall *call, text *scope, text *key)
 	TransactionId writer = InvalidTransactionId;
 
 	InitDirtySnapshot(dirty);
-	rel = table_open(idem_keys_catalog()->keys_relid, RowExclusiveLock);
+	rel = table_open(call->rel.relid, RowExclusiveLock);
 	pk = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
 	slot = table_slot_create(rel, NULL);
 	scan = begin_key_scan(rel, pk, &dirty, scope, key);
@@ -336,7 +352,7 @@ idem_keys_writer(IdemCall *call, text *scope, text *key)
 		TransactionId xid = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
 
 		if (TransactionIdIsValid(xid) && !TransactionIdIsCurrentTransactionId(xid) &&
-			sees_owner(call->caller, DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER))))
+			sees_owner(call->caller, DatumGetObjectId(slot_col(call, slot, IDEM_COL_OWNER))))
 			writer = xid;
 	}
 	index_endscan(scan);
@@ -382,16 +398,17 @@ insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative)
 }
 
 /*
- * Inserts a new claim of (scope, key) owned by owner, with a new fence;
- * returns false when a record of (scope, key, owner) exists already, from
+ * Inserts a new claim of (scope, key) owned by the caller, with a new fence;
+ * returns false when a record of (scope, key, caller) exists already, from
  * a committed transaction or one still writing (the caller reads again,
  * after waiting for it).
  */
 bool
-idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint, Interval *lease,
+idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Interval *lease,
 				 Interval *retention, TimestampTz now, int64 *fence)
 {
 	const IdemKeysCatalog *c = idem_keys_catalog();
+	const AttrNumber *att = call->rel.att;
 	KeysRel		k;
 	TupleDesc	desc;
 	Datum	   *values;
@@ -400,13 +417,13 @@ idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint, Interval
 	uint32		token;
 	bool		inserted;
 
-	keys_open(&k);
+	keys_open(call, &k);
 	desc = RelationGetDescr(k.rel);
 	values = palloc0(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	memset(nulls, true, desc->natts * sizeof(bool));
-#define SET_COL(col, value) (values[c->att[col] - 1] = (value), nulls[c->att[col] - 1] = false)
-	*fence = nextval_internal(c->fence_seq_relid, false);
+#define SET_COL(col, value) (values[att[col] - 1] = (value), nulls[att[col] - 1] = false)
+	*fence = idem_keys_next_fence(0);
 	SET_COL(IDEM_COL_FENCE, Int64GetDatum(*fence));
 	SET_COL(IDEM_COL_CREATED_AT, TimestampTzGetDatum(now));
 	SET_COL(IDEM_COL_EXPIRES_AT, TimestampTzGetDatum(idem_interval_end(now, retention)));
@@ -414,7 +431,7 @@ idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint, Interval
 	SET_COL(IDEM_COL_LEASE, IntervalPGetDatum(lease));
 	SET_COL(IDEM_COL_ATTEMPT, Int32GetDatum(1));
 	SET_COL(IDEM_COL_STATE, ObjectIdGetDatum(c->in_progress_label));
-	SET_COL(IDEM_COL_OWNER, ObjectIdGetDatum(owner));
+	SET_COL(IDEM_COL_OWNER, ObjectIdGetDatum(call->caller));
 	SET_COL(IDEM_COL_SCOPE, PointerGetDatum(scope));
 	SET_COL(IDEM_COL_KEY, PointerGetDatum(key));
 	SET_COL(IDEM_COL_FINGERPRINT, PointerGetDatum(fingerprint));
@@ -449,9 +466,9 @@ find_claim(KeysRel *k, Snapshot snapshot, IdemCall *call, text *scope, text *key
 	bool		found = false;
 
 	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
-		found = DatumGetInt64(slot_col(slot, IDEM_COL_FENCE)) == fence &&
-			DatumGetObjectId(slot_col(slot, IDEM_COL_STATE)) == c->in_progress_label &&
-			sees_owner(call->caller, DatumGetObjectId(slot_col(slot, IDEM_COL_OWNER)));
+		found = DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE)) == fence &&
+			DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) == c->in_progress_label &&
+			sees_owner(call->caller, DatumGetObjectId(slot_col(call, slot, IDEM_COL_OWNER)));
 	if (found)
 		ExecMaterializeSlot(slot);
 	index_endscan(scan);
@@ -468,6 +485,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 				   Jsonb *headers, bytea *body, TimestampTz now)
 {
 	const IdemKeysCatalog *c = idem_keys_catalog();
+	const AttrNumber *att = call->rel.att;
 	KeysRel		k;
 	TupleDesc	desc;
 	TupleTableSlot *old_slot;
@@ -477,7 +495,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 	bool	   *replace;
 	bool		done = false;
 
-	keys_open(&k);
+	keys_open(call, &k);
 	desc = RelationGetDescr(k.rel);
 	old_slot = table_slot_create(k.rel, NULL);
 	new_slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
@@ -485,7 +503,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 	nulls = palloc0(desc->natts * sizeof(bool));
 	replace = palloc0(desc->natts * sizeof(bool));
 #define SET_COL(col, value, isnull) \
-	(values[c->att[col] - 1] = (value), nulls[c->att[col] - 1] = (isnull), replace[c->att[col] - 1] = true)
+	(values[att[col] - 1] = (value), nulls[att[col] - 1] = (isnull), replace[att[col] - 1] = true)
 	SET_COL(IDEM_COL_STATE, ObjectIdGetDatum(c->completed_label), false);
 	SET_COL(IDEM_COL_STATUS_CODE, Int32GetDatum(status_code), false);
 	SET_COL(IDEM_COL_HEADERS, PointerGetDatum(headers), headers == NULL);

@@ -11,7 +11,7 @@
 extern bool idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 							TimestampTz now, IdemRecord *rec);
 extern TransactionId idem_keys_writer(IdemCall *call, text *scope, text *key);
-extern bool idem_keys_insert(text *scope, text *key, Oid owner, bytea *fingerprint,
+extern bool idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 							 Interval *lease, Interval *retention, TimestampTz now,
 							 int64 *fence);
 extern bool idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence,

@@ -49,6 +49,7 @@
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
+#include "citus.h"
 #include "compat.h"
 #include "guclist.h"
 #include "keys.h"
@@ -603,12 +604,30 @@ idempotency_reaper_worker_main(Datum main_arg)
 	proc_exit(0);
 }
 
-/* Deletes up to batch expired records, oldest first, skipping locked ones; counts them. */
+/*
+ * Deletes up to batch expired records, oldest first, skipping locked ones;
+ * counts them.  With Citus, from each local shard in turn (but those that a
+ * move holds).
+ */
 static uint64
 reap_expired(int batch)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	uint64		reaped = idem_keys_reap(batch, now);
+	IdemCall	call;
+	List	   *rels;
+	ListCell   *lc;
+	uint64		reaped = 0;
+
+	idem_call_begin(&call);
+	rels = idem_citus_local_rels();
+	foreach(lc, rels)
+	{
+		if (reaped >= (uint64) batch)
+			break;
+		call.rel = *(IdemKeysRel *) lfirst(lc);
+		reaped += idem_keys_reap(&call, batch - (int) reaped, now);
+	}
+	idem_call_end(&call);
 
 	idem_stats_add(IDEM_REAPED, reaped);
 	idem_stats_set_last_reap(now);

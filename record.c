@@ -23,6 +23,7 @@
 #include "utils/tuplestore.h"
 
 #include "args.h"
+#include "citus.h"
 #include "headers.h"
 #include "idempotency.h"
 #include "keys.h"
@@ -120,6 +121,7 @@ idempotency_complete(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idempotency.complete()");
 
 	idem_call_begin(&call);
+	idem_citus_locate(&call, "idempotency.complete()", scope, PG_ARGISNULL(5));
 	if (release)
 		owned = idem_keys_release(&call, scope, key, fence);
 	else
@@ -146,6 +148,7 @@ idempotency_release(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idempotency.release()");
 	idem_call_begin(&call);
+	idem_citus_locate(&call, "idempotency.release()", scope, PG_ARGISNULL(2));
 	released = idem_keys_release(&call, scope, key, fence);
 	idem_call_end(&call);
 
@@ -177,6 +180,7 @@ idempotency_extend(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idempotency.extend()");
 	idem_call_begin(&call);
+	idem_citus_locate(&call, "idempotency.extend()", scope, PG_ARGISNULL(3));
 	owned = idem_keys_extend(&call, scope, key, fence, lease, now, &ends);
 	idem_call_end(&call);
 
@@ -209,6 +213,7 @@ idempotency_checkpoint(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idempotency.checkpoint()");
 	idem_call_begin(&call);
+	idem_citus_locate(&call, "idempotency.checkpoint()", scope, PG_ARGISNULL(4));
 	owned = idem_keys_checkpoint(&call, scope, key, fence, point, state, GetCurrentTimestamp());
 	idem_call_end(&call);
 
@@ -248,6 +253,7 @@ idempotency_lookup(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(old);
 
 	idem_call_begin(&call);
+	idem_citus_locate(&call, "idempotency.lookup()", scope, PG_ARGISNULL(1));
 	tuple = idem_keys_lookup(&call, scope, key, GetCurrentTimestamp());
 	idem_call_end(&call);
 	if (tuple)

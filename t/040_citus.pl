@@ -10,10 +10,8 @@
 # transaction that holds a claim; the reaper works on the workers; the
 # documented way to drop the extension leaves nothing behind.
 #
-# Assertions marked TODO (or skipped) need phase 2 of issue 12 (the C
-# changes of docs/citus-design.md); phase 2 removes the markers.  Without
-# the NULL-scope guard those calls would crash the coordinator, so they are
-# skipped, not run, until the guard is there.
+# The NULL-scope tests make calls that crash a node of a cluster without the
+# library's guard: they check the coordinator's log for that too.
 
 use strict;
 use warnings FATAL => 'all';
@@ -31,7 +29,6 @@ use Time::HiRes qw(usleep);
 
 citus_skip_unless_installed();
 
-my $phase2 = 'phase 2 of issue 12 (docs/citus-design.md)';
 my ($coord, $workers) = citus_cluster(
 	worker_conf => "idempotency.reaper_naptime = '1s'");
 
@@ -79,13 +76,6 @@ cq(q{CREATE TABLE charges (tenant text COLLATE "C" NOT NULL, id bigserial,
 	 amount int NOT NULL, PRIMARY KEY (tenant, id));
 	 SELECT create_distributed_table('charges', 'tenant');});
 
-# Until phase 2 ships it in 1.1, the recipe comes from the design's SQL.
-if (cq(q{SELECT to_regproc('idempotency.citus_distribute') IS NULL}) eq 't')
-{
-	$coord->safe_psql('postgres',
-		PostgreSQL::Test::Utils::slurp_file('docs/citus_distribute.sql'));
-}
-
 # Tables it cannot colocate with are refused before anything changes.
 cq(q{CREATE TABLE companies (id bigint PRIMARY KEY);
 	 SELECT create_distributed_table('companies', 'id');
@@ -100,6 +90,14 @@ is(idem_sqlstate($coord, q{SELECT idempotency.citus_distribute('local_only')}),
 	'22023', 'a table that is not distributed is refused');
 is(idem_sqlstate($coord, q{SELECT idempotency.citus_distribute(NULL)}),
 	'22004', 'a NULL table is refused');
+# Records name their owner by role OID, which differs from node to node:
+# Citus's binary copies would hand them to another role.
+$workers->[1]->safe_psql('postgres',
+	'ALTER SYSTEM SET citus.enable_binary_protocol = on; SELECT pg_reload_conf()');
+is(idem_sqlstate($coord, q{SELECT idempotency.citus_distribute('charges')}),
+	'55000', 'a node where Citus copies in binary is refused');
+$workers->[1]->safe_psql('postgres',
+	'ALTER SYSTEM RESET citus.enable_binary_protocol; SELECT pg_reload_conf()');
 is(cq(q{SELECT count(*) FROM pg_dist_partition
 		WHERE logicalrelid = 'idempotency.keys'::regclass}),
 	'0', 'the refusals distributed nothing');
@@ -117,11 +115,6 @@ is(cq(q{SELECT string_agg(objid::regproc::text || ':' || distribution_argument_i
 	'idempotency.checkpoint:4:true idempotency.claim:2:true idempotency.complete:5:true '
 	  . 'idempotency.extend:3:true idempotency.lookup:1:true idempotency.release:2:true',
 	'every API function is delegated by its scope argument, with force_delegation');
-
-# Does the library stop a NULL scope before Citus hashes it?  Asked in a
-# shape Citus does not delegate, so that the answer can never crash.
-my $guarded = idem_sqlstate($coord,
-	q{SELECT (idempotency.claim('probe', '\x01', NULL)).outcome}) eq '22004';
 
 # ---------------------------------------------------------------------------
 # Routing, and answers from the worker's records
@@ -146,12 +139,8 @@ is(cq(q{SELECT pg_relation_size('idempotency.keys')}),
 is(cq(q{SELECT state FROM idempotency.lookup('k1', 'acct_1')}),
 	'in_progress', 'lookup through the coordinator reads the worker');
 
-TODO:
-{
-	local $TODO = "$phase2: claim reads the local shard";
-	is(cq_try(q{SELECT outcome FROM idempotency.claim('k1', '\x01', 'acct_1')}),
-		'in_progress', 'a second claim reads the shard, not the empty shell: in_progress');
-}
+is(cq_try(q{SELECT outcome FROM idempotency.claim('k1', '\x01', 'acct_1')}),
+	'in_progress', 'a second claim reads the shard, not the empty shell: in_progress');
 
 # ---------------------------------------------------------------------------
 # 16 concurrent claims of one key through the coordinator
@@ -173,14 +162,10 @@ is($race_worker->safe_psql('postgres',
 		q{SELECT count(*) || ':' || min(attempt) FROM idempotency.keys_}
 		  . citus_shard_of($coord, 'acct_race') . q{ WHERE key = 'race'}),
 	'1:1', 'one record, attempt 1');
-TODO:
-{
-	local $TODO = "$phase2: claim reads the local shard";
-	ok($bench_ok && $bench_out =~ /number of failed transactions: 0\b/,
-		'every concurrent claim answered') or diag($bench_out . $bench_err);
-	is($race_worker->safe_psql('postgres', 'SELECT claims_in_progress FROM idempotency.stats'),
-		'15', 'the 15 others are in_progress');
-}
+ok($bench_ok && $bench_out =~ /number of failed transactions: 0\b/,
+	'every concurrent claim answered') or diag($bench_out . $bench_err);
+is($race_worker->safe_psql('postgres', 'SELECT claims_in_progress FROM idempotency.stats'),
+	'15', 'the 15 others are in_progress');
 
 # ---------------------------------------------------------------------------
 # complete commits and rolls back with the business rows; IK001 aborts them
@@ -197,13 +182,9 @@ cq("BEGIN; INSERT INTO charges (tenant, amount) VALUES ('acct_1', 10); $complete
 is(cq(q{SELECT count(*) FROM charges WHERE tenant = 'acct_1'}) . ':'
 	  . cq(q{SELECT state FROM idempotency.lookup('pay-1', 'acct_1')}),
 	'1:completed', 'COMMIT keeps the charge and the complete');
-TODO:
-{
-	local $TODO = "$phase2: claim reads the local shard";
-	is(cq_try(q{SELECT outcome || ':' || encode(body, 'escape')
-				FROM idempotency.claim('pay-1', '\x02', 'acct_1')}),
-		'replay:charged', 'the retry replays the committed response');
-}
+is(cq_try(q{SELECT outcome || ':' || encode(body, 'escape')
+			FROM idempotency.claim('pay-1', '\x02', 'acct_1')}),
+	'replay:charged', 'the retry replays the committed response');
 is(idem_sqlstate($coord,
 		"BEGIN; INSERT INTO charges (tenant, amount) VALUES ('acct_1', 20);"
 		  . " SELECT idempotency.complete('pay-1', $fence, 201, 'again', NULL, 'acct_1'); COMMIT;"),
@@ -228,24 +209,23 @@ my @null_shapes = (
 	q{SELECT idempotency.extend('n', 1)},
 	q{SELECT idempotency.checkpoint('n', 1, 'step')},
 	q{SELECT * FROM idempotency.lookup('n')},
-	q{BEGIN; SET LOCAL idempotency.scope = 'acct_1'; SELECT * FROM idempotency.claim('n', '\x01'); COMMIT});
-# Phase 2 deletes this skip: with the guard in place, a missing guard must
-# fail here, not be skipped.
-SKIP:
+	q{BEGIN; SET LOCAL idempotency.scope = 'acct_1'; SELECT * FROM idempotency.claim('n', '\x01'); COMMIT},
+	q{SET plan_cache_mode = force_generic_plan;
+	  PREPARE g(text) AS SELECT * FROM idempotency.claim('n', '\x01', $1); EXECUTE g(NULL)});
+my $log_offset = -s $coord->logfile;
+for my $shape (@null_shapes)
 {
-	skip "$phase2: without the NULL-scope guard these calls crash the coordinator",
-	  scalar(@null_shapes) + 3
-	  unless $guarded;
-	my $log_offset = -s $coord->logfile;
-	for my $shape (@null_shapes)
-	{
-		is(idem_sqlstate($coord, $shape), '22004', "22004 for: $shape");
-	}
-	is(idem_sqlstate($workers->[0], q{SELECT * FROM idempotency.claim('n', '\x01', NULL)}),
-		'22004', 'a worker refuses a NULL scope too');
-	ok(!citus_crashed($coord, $log_offset), 'no backend of the coordinator crashed');
-	ok(!citus_crashed($workers->[0], 0), 'no backend of the worker crashed');
+	is(idem_sqlstate($coord, $shape), '22004', "22004 for: $shape");
 }
+is(idem_sqlstate($workers->[0], q{SELECT * FROM idempotency.claim('n', '\x01', NULL)}),
+	'22004', 'a worker refuses a NULL scope too');
+# A generic plan leaves the scope a parameter: the function itself refuses
+# NULL there, instead of using the setting's scope.
+is(idem_sqlstate($w1, q{SET idempotency.scope = 'acct_1'; SET plan_cache_mode = force_generic_plan;
+	PREPARE g(text) AS SELECT * FROM idempotency.lookup('k1', $1); EXECUTE g(NULL)}),
+	'22004', 'a worker refuses a NULL scope in a generic plan, though the setting names a scope it holds');
+ok(!citus_crashed($coord, $log_offset), 'no backend of the coordinator crashed');
+ok(!citus_crashed($workers->[0], 0), 'no backend of the worker crashed');
 
 # ---------------------------------------------------------------------------
 # Calls Citus does not delegate fail; they never use the coordinator's table
@@ -275,11 +255,7 @@ for my $shape (@undelegated)
 	my $state = idem_sqlstate($coord, $shape);
 
 	isnt($state, 'no error', "an error, never an answer from the coordinator, for: $shape");
-	TODO:
-	{
-		local $TODO = "$phase2: the coordinator refuses with IK002";
-		is($state, 'IK002', "IK002 for: $shape");
-	}
+	is($state, 'IK002', "IK002 for: $shape");
 }
 # A function distributed without force_delegation is not delegated in a
 # transaction block; the recipe puts force_delegation back.
@@ -289,11 +265,7 @@ cq(q{SELECT create_distributed_function(
 my $state = idem_sqlstate($coord,
 	q{BEGIN; SELECT outcome FROM idempotency.claim('held', '\x01', 'acct_1'); COMMIT});
 isnt($state, 'no error', 'without force_delegation, a claim in a transaction block fails');
-TODO:
-{
-	local $TODO = "$phase2: the coordinator refuses with IK002";
-	is($state, 'IK002', 'with IK002');
-}
+is($state, 'IK002', 'with IK002');
 cq(q{SELECT idempotency.citus_distribute('charges')});
 is(cq(q{SELECT force_delegation FROM pg_dist_object
 		WHERE objid = 'idempotency.claim(text,bytea,text,interval,interval,interval)'::regprocedure}),
@@ -331,14 +303,34 @@ my (undef, $open_fence) = $claim->('mv-open', q{, lease => '1 hour'});
 $src->safe_psql('postgres', q{SELECT setval('idempotency.fence_seq',
 	((extract(epoch FROM now()) - 946684800 + 3600) * 1000000)::bigint)});
 my (undef, $take_fence) = $claim->('mv-take', q{, lease => '1 second'});
+# A record of an application role (its OID differs on each node).  Citus
+# propagates the roles, not grants on the extension's schema: those go to
+# every node as the documentation says.
+$src->safe_psql('postgres', 'CREATE TABLE oid_shift (a int); DROP TABLE oid_shift');
+cq(q{CREATE ROLE app_citus LOGIN; CREATE ROLE app_other LOGIN;
+	 SELECT run_command_on_all_nodes(
+		'GRANT USAGE ON SCHEMA idempotency TO app_citus, app_other');});
+my $role_oid = q{SELECT 'app_citus'::regrole::oid};
+isnt($src->safe_psql('postgres', $role_oid), $dst->safe_psql('postgres', $role_oid),
+	'the role has another OID on each worker, as in a real cluster');
+# Claims key in the moving tenant's scope as role $role; returns the outcome.
+my $claim_as = sub {
+	my ($role, $key) = @_;
+	return cq_try("SET ROLE $role; SELECT outcome FROM idempotency.claim('$key', '\\x01', '$scope')");
+};
+my $app_fence = cq(qq{SET ROLE app_citus;
+	SELECT fence FROM idempotency.claim('mv-app', '\\x01', '$scope')});
+cq(qq{SET ROLE app_citus;
+	SELECT idempotency.complete('mv-app', $app_fence, 200, 'app', NULL, '$scope')});
+is($claim_as->('app_citus', 'mv-app'), 'replay', "an application role's claim replays before the move");
 
 # Moves the tenant's shard from one worker to the other while the
 # transaction $txn (a BackgroundPsql) is open; returns whether the shard was
-# still on its source 3 seconds into the move.  Commits $txn, then waits for
-# the move to finish.
+# still on its source 3 seconds into the move.  Then runs $meanwhile (a
+# code reference) if given, commits $txn, and waits for the move to finish.
 sub move_during
 {
-	my ($txn, $from, $to) = @_;
+	my ($txn, $from, $to, $meanwhile) = @_;
 	my $mover = $coord->background_psql('postgres', wait => 0);
 
 	$mover->query_until(qr/moving/, sprintf(qq{\\echo moving
@@ -347,28 +339,52 @@ SELECT citus_move_shard_placement(%s, '127.0.0.1', %d, '127.0.0.1', %d);
 	sleep 3;
 	my $waited = cq("SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = $shard")
 	  == $from->port;
+	$meanwhile->() if $meanwhile;
 	$txn->query_safe('COMMIT');
 	$txn->quit;
 	$mover->quit;
 	return $waited;
 }
 
+# Whether, on $node, some lock of Citus's placement metadata is awaited in $mode.
+sub placement_lock_awaited
+{
+	my ($node, $mode) = @_;
+	return poll_briefly($node,
+		qq{SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 8
+		   AND mode = '$mode' AND NOT granted}, 20);
+}
+
 # A transaction that only read the tenant's records holds the shard's
 # placement lock (as Citus's executor does for its writes): the move waits.
+# A claim that comes meanwhile waits behind the move, and then finds that
+# the shard has left: IK002, never a write into the old placement.
 my $reader = $coord->background_psql('postgres');
 $reader->query_safe("BEGIN; SELECT state FROM idempotency.lookup('mv-open', '$scope')");
-my $waited = move_during($reader, $src, $dst);
-TODO:
-{
-	local $TODO = "$phase2: every call holds the shard's placement lock";
-	ok($waited, 'the move waits for a transaction that read through the API');
-}
+my ($late, $late_out, $late_err);
+my $waited = move_during(
+	$reader, $src, $dst,
+	sub {
+		ok(placement_lock_awaited($src, 'ExclusiveLock'),
+			"the move awaits the shard's placement lock on its source");
+		$late = IPC::Run::start(
+			[ 'psql', '-XAtq', '-v', 'VERBOSITY=verbose', '-d', $coord->connstr('postgres'),
+				'-c', "SELECT outcome FROM idempotency.claim('mv-late', '\\x01', '$scope')" ],
+			'>', \$late_out, '2>', \$late_err);
+		ok(placement_lock_awaited($src, 'ShareLock'), 'a claim that comes meanwhile waits behind the move');
+	});
+ok($waited, 'the move waits for a transaction that read through the API');
+$late->finish;
+like($late_err // '', qr/ERROR:  IK002:/, 'the claim that waited behind the move raises IK002');
+is($src->safe_psql('postgres',
+		"SELECT count(*) FROM idempotency.keys_$shard WHERE key = 'mv-late'"),
+	'0', "and wrote nothing into the source's old placement of the shard");
 is(cq("SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = $shard"),
 	$dst->port, 'then the shard moved');
 is($dst->safe_psql('postgres',
 		"SELECT string_agg(key || ':' || state, ',' ORDER BY key) FROM idempotency.keys_$shard"
 		  . " WHERE key LIKE 'mv-%'"),
-	'mv-done:completed,mv-open:in_progress,mv-take:in_progress',
+	'mv-app:completed,mv-done:completed,mv-open:in_progress,mv-take:in_progress',
 	"the tenant's records moved with it");
 is($dst->safe_psql('postgres',
 		"SELECT count(*) FROM charges_" . cq(
@@ -376,25 +392,23 @@ is($dst->safe_psql('postgres',
 	'1', "beside the tenant's business rows");
 is(cq("SELECT idempotency.complete('mv-open', $open_fence, 200, 'late', NULL, '$scope')"),
 	'stored', 'a claim made before the move completes after it with its fence');
+is($claim_as->('app_citus', 'mv-app'), 'replay',
+	"an application role's completed key replays after the move: the record is still its own");
+is($claim_as->('app_other', 'mv-app'), 'new', 'and another role does not see it');
 
-TODO:
-{
-	local $TODO = "$phase2: claim reads the local shard; the fence rule";
-	my @after = $claim->('mv-done', '');
-	is($after[0], 'replay', 'a key completed before the move replays after it');
-	@after = $claim->('mv-gone', '');
-	cmp_ok($after[1] // 0, '>', $gone_fence,
-		'a key released before the move gets a larger fence after it');
-	@after = $claim->('mv-take', '');
-	is($after[0] . ':' . ($after[2] // ''), 'new:2',
-		'an ended lease is taken over after the move');
-	cmp_ok($after[1] // 0, '>', $take_fence,
-		'with a larger fence than before the move, though the target is behind');
-	my @fresh = $claim->('mv-fresh', '');
-	my $takeover_fence = ($after[1] // '') =~ /^\d+$/ ? $after[1] : $take_fence;
-	cmp_ok($fresh[1] // 0, '>', $takeover_fence,
-		"and the target's sequence followed: a new key's fence is larger still");
-}
+my @after = $claim->('mv-done', '');
+is($after[0], 'replay', 'a key completed before the move replays after it');
+@after = $claim->('mv-gone', '');
+cmp_ok($after[1] // 0, '>', $gone_fence,
+	'a key released before the move gets a larger fence after it');
+@after = $claim->('mv-take', '');
+is($after[0] . ':' . ($after[2] // ''), 'new:2',
+	'an ended lease is taken over after the move');
+cmp_ok($after[1] // 0, '>', $take_fence,
+	'with a larger fence than before the move, though the target is behind');
+my @fresh = $claim->('mv-fresh', '');
+cmp_ok($fresh[1] // 0, '>', $after[1] // 0,
+	"and the target's sequence followed: a new key's fence is larger still");
 
 # And back, while a transaction holds an uncommitted claim: the move cannot
 # start replicating before that transaction ends, and the claim arrives.
@@ -405,12 +419,35 @@ ok(move_during($writer, $dst, $src), 'the move back waits for a transaction with
 is($src->safe_psql('postgres',
 		"SELECT state FROM idempotency.keys_$shard WHERE key = 'mv-txn'"),
 	'in_progress', "the transaction's claim moved with the shard");
-TODO:
-{
-	local $TODO = "$phase2: claim reads the local shard";
-	is(($claim->('mv-txn', ''))[0], 'in_progress',
-		'a key in progress before the move is in_progress after it');
-}
+is(($claim->('mv-txn', ''))[0], 'in_progress',
+	'a key in progress before the move is in_progress after it');
+
+# ---------------------------------------------------------------------------
+# A shard split: new hash ranges, shard ids and shard indexes
+# ---------------------------------------------------------------------------
+
+# The tenant's shard splits in two halves, one on each worker.
+my ($min, $max) = split /\|/,
+  cq("SELECT shardminvalue, shardmaxvalue FROM pg_dist_shard WHERE shardid = $shard");
+cq(sprintf(q{SELECT citus_split_shard_by_split_points(%s, ARRAY['%d'],
+	ARRAY[(SELECT nodeid FROM pg_dist_node WHERE nodeport = %d),
+		  (SELECT nodeid FROM pg_dist_node WHERE nodeport = %d)])},
+	$shard, int(($min + $max) / 2), $src->port, $dst->port));
+my $split_shard = citus_shard_of($coord, $scope);
+isnt($split_shard, $shard, 'the split gave the tenant a new shard');
+$shard = $split_shard;
+is(($claim->('mv-done', ''))[0], 'replay', 'a key completed before the split replays after it');
+is(($claim->('mv-txn', ''))[0], 'in_progress',
+	'a key in progress before the split is in_progress after it');
+# The placement lock's tag holds the shard's index among its colocated
+# shards, which the split changed.
+my $split_home = citus_worker_of($coord, $workers, $scope);
+my ($split_away) = grep { $_ != $split_home } @$workers;
+$reader = $coord->background_psql('postgres');
+$reader->query_safe("BEGIN; SELECT state FROM idempotency.lookup('mv-open', '$scope')");
+ok(move_during($reader, $split_home, $split_away),
+	'a move of a shard made by the split waits for a transaction that read through the API');
+is(($claim->('mv-done', ''))[0], 'replay', 'and after that move the key still replays');
 
 # ---------------------------------------------------------------------------
 # The reaper on the workers
@@ -424,17 +461,13 @@ for my $i (1 .. 8)
 	$expired_on{ citus_worker_of($coord, $workers, $s)->name }++;
 }
 is(scalar(keys %expired_on), 2, 'expired records on both workers');
-TODO:
-{
-	local $TODO = "$phase2: the reaper deletes from the local shards";
-	ok(poll_briefly($coord,
-			q{SELECT count(*) = 0 FROM idempotency.keys WHERE key = 'gone'}, 20),
-		'the workers reaped the expired records');
-	ok(!$_->log_contains(qr/idempotency reaper in database/), $_->name . ': no reaper error')
-	  for @$workers;
-	is(idem_sqlstate($coord, 'SELECT idempotency.reap()'), 'no error',
-		'reap() on the coordinator, which holds no shard, succeeds');
-}
+ok(poll_briefly($coord,
+		q{SELECT count(*) = 0 FROM idempotency.keys WHERE key = 'gone'}, 20),
+	'the workers reaped the expired records');
+ok(!$_->log_contains(qr/idempotency reaper in database/), $_->name . ': no reaper error')
+  for @$workers;
+is(idem_sqlstate($coord, 'SELECT idempotency.reap()'), 'no error',
+	'reap() on the coordinator, which holds no shard, succeeds');
 is(cq(q{SELECT count(*) FROM idempotency.keys WHERE key IN ('mv-open', 'held', 'pay-1')}),
 	'3', 'live records stay');
 
@@ -442,19 +475,18 @@ is(cq(q{SELECT count(*) FROM idempotency.keys WHERE key IN ('mv-open', 'held', '
 # Dropping the extension
 # ---------------------------------------------------------------------------
 
+# The moves left the old placements of their shards to Citus's deferred
+# cleanup (off in these clusters, so that they are surely still there).
 is(idem_sqlstate($coord, 'DROP EXTENSION idempotency'), '2BP01',
-	'DROP EXTENSION alone is refused: the shards depend on it');
-# Shards left behind by the move are dropped later by Citus's cleanup: now.
-cq(q{CALL citus_cleanup_orphaned_resources();
-	 SELECT citus_drop_all_shards('idempotency.keys', 'idempotency', 'keys');
-	 DROP EXTENSION idempotency;});
+	'DROP EXTENSION is refused while old placements of moved shards wait for cleanup');
+cq(q{CALL citus_cleanup_orphaned_resources(); DROP EXTENSION idempotency;});
 for my $node ($coord, @$workers)
 {
 	is($node->safe_psql('postgres',
 			q{SET citus.override_table_visibility = off;
 			  SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'}
 			  . q{ UNION ALL SELECT count(*) FROM pg_class WHERE relname ~ '^keys_[0-9]+$'}),
-		"0\n0", $node->name . ': cleanup, citus_drop_all_shards and DROP EXTENSION leave nothing behind');
+		"0\n0", $node->name . ': the cleanup, then DROP EXTENSION, leave nothing behind');
 }
 
 ok(!citus_crashed($_, 0), $_->name . ': no backend crashed during the test')

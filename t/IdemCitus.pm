@@ -70,17 +70,32 @@ sub _citus_node
 	# wal_level logical: citus_move_shard_placement copies by logical
 	# replication.  More connections than the harness's default 10: every
 	# delegated call holds a connection from the coordinator to a worker.
+	# The old placements of moved shards stay until
+	# citus_cleanup_orphaned_resources(), not for 15 s: tests do not depend
+	# on timing.  Citus copies records between nodes as text, as
+	# citus_distribute requires (a role's OID differs from node to node).
 	$node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'citus,idempotency'
 listen_addresses = '127.0.0.1'
 wal_level = logical
 max_connections = 80
+citus.defer_shard_delete_interval = -1
+citus.enable_binary_protocol = off
 max_wal_senders = 10
 max_replication_slots = 10
 shared_buffers = 16MB
 $extra_conf
 });
 	$node->start;
+	# Debian's PostgreSQL (15.20 onwards) lets only listed libraries decode
+	# WAL: shard splits decode with citus.
+	if ($node->safe_psql('postgres',
+			q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}))
+	{
+		$node->append_conf('postgresql.conf',
+			"output_plugin_libraries = 'pgoutput, test_decoding, citus'");
+		$node->reload;
+	}
 	return $node;
 }
 

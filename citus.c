@@ -1,0 +1,484 @@
+/*-------------------------------------------------------------------------
+ * citus.c
+ *	  idempotency.keys distributed by scope with Citus: which relation holds
+ *	  a scope's records on this node, the fence floor after shards arrive,
+ *	  the shards the reaper visits, and the guard that keeps a NULL scope
+ *	  away from Citus's function delegation.
+ *
+ * idempotency.citus_distribute() distributes idempotency.keys by scope and
+ * makes Citus run each API call on the node that holds the scope's shard
+ * (docs/citus.md).  The records then live in the shard relation
+ * idempotency.keys_<shardid>: idempotency.keys on a node is an empty shell.
+ * Every call therefore finds the scope's shard in a per-backend map of
+ * Citus's catalogs, takes the lock that Citus's own executor takes before
+ * writing a shard (so that a shard move waits for the call's transaction),
+ * and works on that relation directly, or raises IK002 when this node holds
+ * no placement of it (a call Citus did not delegate).  Without Citus, or
+ * with idempotency.keys not distributed, a call pays one cached boolean.
+ *
+ * Citus hashes a NULL distribution argument while planning a delegated call
+ * and crashes; a create_upper_paths_hook, which sees the query after
+ * defaults, constant folding, bound parameters and inlining, exactly as
+ * Citus's planner then reads it, refuses a NULL scope first.
+ *
+ * What this rests on was tried and measured: docs/citus-notes.md.
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
+#include "optimizer/optimizer.h"
+#include "optimizer/planner.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
+#include "utils/builtins.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "citus.h"
+#include "idempotency.h"
+#include "keys.h"
+
+/*
+ * Citus's advisory lock class for the placement metadata of colocated
+ * shards (ADV_LOCKTAG_CLASS_CITUS_COLOCATED_SHARDS_METADATA): for a hash-
+ * distributed table, Citus locks (shard index, colocation id) in this class,
+ * in share mode before writing a shard and exclusively to move it.
+ */
+#define CITUS_COLOCATED_SHARDS_LOCK_CLASS 8
+
+/* The shards of idempotency.keys, their hash ranges, and whether this node holds them. */
+#define SHARDS_SQL \
+	"SELECT s.shardid, s.shardminvalue::pg_catalog.int4, s.shardmaxvalue::pg_catalog.int4," \
+	" p.colocationid, EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl," \
+	" pg_catalog.pg_dist_local_group g WHERE pl.shardid OPERATOR(pg_catalog.=) s.shardid" \
+	" AND pl.groupid OPERATOR(pg_catalog.=) g.groupid)" \
+	" FROM pg_catalog.pg_dist_partition p JOIN pg_catalog.pg_dist_shard s" \
+	" ON s.logicalrelid OPERATOR(pg_catalog.=) p.logicalrelid" \
+	" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1" \
+	" AND p.partmethod OPERATOR(pg_catalog.=) 'h'::pg_catalog.\"char\"" \
+	" ORDER BY 2"
+
+/* A shard of idempotency.keys. */
+typedef struct KeysShard
+{
+	int32		min;			/* its range of Citus's hash of the scope */
+	int32		max;
+	int64		shardid;
+	bool		local;			/* this node holds a placement of it */
+	bool		described;		/* rel is filled in (local shards, on first use) */
+	IdemKeysRel rel;
+} KeysShard;
+
+/*
+ * The shard map, per backend: loaded from Citus's catalogs, and forgotten
+ * with the relcache entry of idempotency.keys, which Citus invalidates
+ * whenever shards or placements change.  Sorted by hash range, so that a
+ * shard's index is Citus's shard index, part of its lock tag.
+ */
+static struct
+{
+	bool		valid;
+	Oid			keys_relid;		/* the table it was loaded for */
+	bool		distributed;
+	bool		floored;		/* the fence floor was set since it was loaded */
+	uint32		colocationid;
+	int			nshards;
+	KeysShard  *shards;
+} map;
+
+static MemoryContext map_cxt = NULL;
+
+/* The API functions that take a scope: Citus delegates them by it. */
+typedef struct ApiFunction
+{
+	const char *name;
+	int			nargs;
+	Oid			argtypes[6];
+	int			scope_argno;
+} ApiFunction;
+
+static const ApiFunction api_functions[] = {
+	{"claim", 6, {TEXTOID, BYTEAOID, TEXTOID, INTERVALOID, INTERVALOID, INTERVALOID}, 2},
+	{"complete", 6, {TEXTOID, INT8OID, INT4OID, BYTEAOID, JSONBOID, TEXTOID}, 5},
+	{"release", 3, {TEXTOID, INT8OID, TEXTOID}, 2},
+	{"extend", 4, {TEXTOID, INT8OID, INTERVALOID, TEXTOID}, 3},
+	{"checkpoint", 5, {TEXTOID, INT8OID, TEXTOID, JSONBOID, TEXTOID}, 4},
+	{"lookup", 2, {TEXTOID, TEXTOID}, 1},
+};
+
+#define NUM_API_FUNCTIONS ((int) lengthof(api_functions))
+
+/* Their OIDs in this database (InvalidOid without the extension); forgotten when pg_proc changes. */
+static Oid	api_oids[NUM_API_FUNCTIONS];
+static bool api_oids_valid = false;
+
+static create_upper_paths_hook_type prev_create_upper_paths_hook = NULL;
+
+/* Forgets the shard map when Citus (or DDL) invalidates idempotency.keys. */
+static void
+map_invalidate(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == map.keys_relid)
+		map.valid = false;
+}
+
+/*
+ * Reads the shards of keys_relid from Citus's catalogs into the map, as they
+ * are committed now, whatever the transaction's snapshot: a move that
+ * committed since it began must be seen (Citus reads its metadata so too).
+ */
+static void
+map_read_shards(Oid keys_relid)
+{
+	Oid			argtypes[1] = {OIDOID};
+	Datum		args[1] = {ObjectIdGetDatum(keys_relid)};
+	SPIPlanPtr	plan;
+	MemoryContext old;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	plan = SPI_prepare(SHARDS_SQL, 1, argtypes);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	/* A parallel worker cannot take a snapshot: it has its leader's. */
+	if (SPI_execute_snapshot(plan, args, NULL,
+							 IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot(),
+							 InvalidSnapshot, true, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the shards of idempotency.keys from Citus's catalogs");
+
+	old = MemoryContextSwitchTo(map_cxt);
+	map.nshards = (int) SPI_processed;
+	map.shards = palloc0(sizeof(KeysShard) * Max(map.nshards, 1));
+	MemoryContextSwitchTo(old);
+	for (int i = 0; i < map.nshards; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		KeysShard  *s = &map.shards[i];
+		bool		isnull;
+
+		s->shardid = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		s->min = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+		s->max = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
+		map.colocationid = DatumGetUInt32(SPI_getbinval(tup, desc, 4, &isnull));
+		s->local = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
+	}
+	SPI_finish();
+	map.distributed = map.nshards > 0;
+}
+
+/* Loads the shard map of keys_relid: empty when Citus is not installed here. */
+static void
+map_load(Oid keys_relid)
+{
+	if (map_cxt == NULL)
+	{
+		map_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency Citus shards",
+										ALLOCSET_SMALL_SIZES);
+		CacheRegisterRelcacheCallback(map_invalidate, (Datum) 0);
+	}
+	MemoryContextReset(map_cxt);
+	map.shards = NULL;
+	map.nshards = 0;
+	map.distributed = false;
+	map.floored = false;
+	map.keys_relid = keys_relid;
+	/* Valid from here: an invalidation while reading marks it invalid again. */
+	map.valid = true;
+	if (OidIsValid(get_extension_oid("citus", true)))
+		map_read_shards(keys_relid);
+}
+
+/* Tells whether idempotency.keys (keys_relid) is distributed with Citus; loads the map. */
+static bool
+keys_distributed(Oid keys_relid)
+{
+	if (!map.valid || map.keys_relid != keys_relid)
+		map_load(keys_relid);
+	return map.distributed;
+}
+
+/* Returns the shard whose hash range holds scope: Citus hashes text as hashtext does. */
+static KeysShard *
+map_find(text *scope)
+{
+	int32		h = DatumGetInt32(hash_any((const unsigned char *) VARDATA_ANY(scope),
+										   VARSIZE_ANY_EXHDR(scope)));
+	int			lo = 0;
+	int			hi = map.nshards - 1;
+
+	while (lo <= hi)
+	{
+		int			mid = lo + (hi - lo) / 2;
+
+		if (h < map.shards[mid].min)
+			hi = mid - 1;
+		else if (h > map.shards[mid].max)
+			lo = mid + 1;
+		else
+			return &map.shards[mid];
+	}
+	elog(ERROR, "no shard of idempotency.keys covers hash %d", h);
+	return NULL;				/* keep compiler quiet */
+}
+
+/*
+ * Takes Citus's placement lock of shard s in share mode until the end of the
+ * transaction; with nowait, only if it is free now.  Returns whether it is
+ * held.
+ */
+static bool
+lock_placement(const KeysShard *s, bool nowait)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (s - map.shards), map.colocationid,
+						 CITUS_COLOCATED_SHARDS_LOCK_CLASS);
+	return LockAcquire(&tag, ShareLock, false, nowait) != LOCKACQUIRE_NOT_AVAIL;
+}
+
+/* Returns the OID of the relation of local shard s. */
+static Oid
+shard_relid(const KeysShard *s)
+{
+	const IdemKeysCatalog *c = idem_keys_catalog();
+	char		name[NAMEDATALEN];
+	Oid			relid;
+
+	if (s->described)
+		return s->rel.relid;
+	snprintf(name, sizeof(name), "keys_" INT64_FORMAT, s->shardid);
+	relid = get_relname_relid(name, c->namespace);
+	if (!OidIsValid(relid))
+		elog(ERROR, "shard idempotency.%s is placed on this node but does not exist", name);
+	return relid;
+}
+
+/* Returns the description of local shard s's relation. */
+static const IdemKeysRel *
+shard_rel(KeysShard *s)
+{
+	if (!s->described)
+	{
+		Relation	rel = table_open(shard_relid(s), AccessShareLock);
+
+		idem_keys_rel_describe(rel, &s->rel);
+		table_close(rel, NoLock);
+		s->described = true;
+	}
+	return &s->rel;
+}
+
+/* Raises 22004 for a call without a scope, which Citus cannot route. */
+static void
+null_scope_error(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("argument \"%s\" must not be null", "scope"),
+			 errdetail("idempotency.keys is distributed by scope with Citus: the setting idempotency.scope is not used."),
+			 errhint("Pass the scope explicitly.")));
+}
+
+/*
+ * Makes the call work on the relation that holds scope's records on this
+ * node: idempotency.keys itself when it is not distributed (the call's
+ * relation already), else the scope's local shard, whose placement lock it
+ * holds until the end of the transaction.  Raises IK002 when another node
+ * holds that shard, and 22004 when the scope argument was omitted (NULL).
+ */
+void
+idem_citus_locate(IdemCall *call, const char *function, text *scope, bool scope_omitted)
+{
+	KeysShard  *s;
+
+	for (;;)
+	{
+		if (!keys_distributed(call->rel.relid))
+			return;
+		if (scope_omitted)
+			null_scope_error();
+		s = map_find(scope);
+		lock_placement(s, false);
+		/* A move that committed while we waited for the lock has invalidated the map. */
+		AcceptInvalidationMessages();
+		if (map.valid)
+			break;
+	}
+	if (!s->local)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_NODE),
+				 errmsg("%s must run on the node that holds the records of scope \"%s\"",
+						function, text_to_cstring(scope)),
+				 errdetail("idempotency.keys is distributed with Citus and this node holds no placement of shard " INT64_FORMAT ".",
+						   s->shardid),
+				 errhint("Call it on its own (SELECT * FROM idempotency.claim(...) or SELECT idempotency.complete(...)) with a constant scope, so that Citus delegates it.")));
+	call->rel = *shard_rel(s);
+}
+
+/*
+ * Before a claim draws fences: the first time after shards may have arrived
+ * (the map was loaded since), raises the fence sequence to the clock, in
+ * microseconds.  Keys whose records left with their shard (released, reaped)
+ * had fences from another node's sequence, floored the same way and drawn
+ * fewer than one per microsecond: the clock is above them, as long as the
+ * nodes' clocks agree within the time a move takes.  Records that came with
+ * a shard carry their fence, and a takeover draws above it.
+ */
+void
+idem_citus_floor_fences(void)
+{
+	if (!map.distributed || map.floored)
+		return;
+	(void) idem_keys_next_fence((int64) GetCurrentTimestamp());
+	map.floored = true;
+}
+
+/* Returns a copy of rel in the current memory context. */
+static IdemKeysRel *
+copy_rel(const IdemKeysRel *rel)
+{
+	IdemKeysRel *copy = palloc(sizeof(IdemKeysRel));
+
+	*copy = *rel;
+	return copy;
+}
+
+/*
+ * Returns the relations (IdemKeysRel *) whose expired records this node
+ * reaps: idempotency.keys when it is not distributed, else each local shard
+ * that nothing excludes now (a move holds its placement lock, DDL its
+ * relation); their locks are held until the end of the transaction.
+ */
+List *
+idem_citus_local_rels(void)
+{
+	const IdemKeysCatalog *c = idem_keys_catalog();
+
+	for (;;)
+	{
+		List	   *rels = NIL;
+
+		if (!keys_distributed(c->keys.relid))
+			return list_make1(copy_rel(&c->keys));
+		for (int i = 0; i < map.nshards; i++)
+		{
+			KeysShard  *s = &map.shards[i];
+
+			if (s->local && lock_placement(s, true) &&
+				ConditionalLockRelationOid(shard_relid(s), RowExclusiveLock))
+				rels = lappend(rels, copy_rel(shard_rel(s)));
+		}
+		AcceptInvalidationMessages();
+		if (map.valid)
+			return rels;
+	}
+}
+
+/* Forgets the OIDs of the API functions when pg_proc changes. */
+static void
+api_oids_invalidate(Datum arg, int cacheid, uint32 hashvalue)
+{
+	api_oids_valid = false;
+}
+
+/* Looks up the OIDs of the API functions in this database (without permission checks). */
+static void
+api_oids_load(void)
+{
+	static bool callback_registered = false;
+	Oid			nsp = get_namespace_oid("idempotency", true);
+
+	if (!callback_registered)
+	{
+		CacheRegisterSyscacheCallback(PROCOID, api_oids_invalidate, (Datum) 0);
+		callback_registered = true;
+	}
+	for (int i = 0; i < NUM_API_FUNCTIONS; i++)
+		api_oids[i] = !OidIsValid(nsp) ? InvalidOid :
+			GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
+							CStringGetDatum(api_functions[i].name),
+							PointerGetDatum(buildoidvector(api_functions[i].argtypes,
+														   api_functions[i].nargs)),
+							ObjectIdGetDatum(nsp));
+	api_oids_valid = true;
+}
+
+/* Raises 22004 for a call of an API function whose scope is a NULL constant, when keys is distributed. */
+static bool
+null_scope_walker(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, FuncExpr))
+	{
+		FuncExpr   *f = (FuncExpr *) node;
+
+		for (int i = 0; i < NUM_API_FUNCTIONS; i++)
+		{
+			Node	   *scope;
+
+			if (f->funcid != api_oids[i] || list_length(f->args) <= api_functions[i].scope_argno)
+				continue;
+			scope = strip_implicit_coercions(list_nth(f->args, api_functions[i].scope_argno));
+			if (IsA(scope, Const) && ((Const *) scope)->constisnull &&
+				keys_distributed(idem_keys_catalog()->keys.relid))
+				null_scope_error();
+		}
+	}
+	return expression_tree_walker(node, null_scope_walker, context);
+}
+
+/*
+ * The guard: inside standard_planner, once defaults are inserted, constants
+ * folded, custom-plan parameters bound and SQL functions inlined, and before
+ * Citus's planner hashes the distribution argument of a delegated call,
+ * refuses a NULL scope.
+ */
+static void
+null_scope_guard(PlannerInfo *root, UpperRelationKind stage, RelOptInfo *input_rel,
+				 RelOptInfo *output_rel, void *extra)
+{
+	ListCell   *lc;
+
+	if (prev_create_upper_paths_hook)
+		prev_create_upper_paths_hook(root, stage, input_rel, output_rel, extra);
+	if (stage != UPPERREL_FINAL)
+		return;
+	if (!api_oids_valid)
+		api_oids_load();
+	if (!OidIsValid(api_oids[0]))
+		return;					/* the extension is not installed in this database */
+	(void) null_scope_walker((Node *) root->parse->targetList, NULL);
+	foreach(lc, root->parse->rtable)
+	{
+		RangeTblEntry *rte = lfirst_node(RangeTblEntry, lc);
+
+		if (rte->rtekind == RTE_FUNCTION)
+			(void) null_scope_walker((Node *) rte->functions, NULL);
+	}
+}
+
+/* Installs the NULL-scope guard when preloading; called from _PG_init. */
+void
+idem_citus_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_create_upper_paths_hook = create_upper_paths_hook;
+	create_upper_paths_hook = null_scope_guard;
+}
