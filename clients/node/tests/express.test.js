@@ -210,7 +210,7 @@ test('the database down: 503 idempotency_unavailable with Retry-After; nothing r
 });
 
 test('idempotency calls failing (no USAGE on the schema): 503, or unguarded with failOpen', async () => {
-  const role = 'idempotency_test_no_usage';
+  const role = 'idempotency_test_node_no_usage';
   await pool.query(`DO $$ BEGIN CREATE ROLE ${role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`);
   await pool.query(`GRANT SELECT, INSERT ON ${TABLE} TO ${role}`);
   const limited = newPool({ user: role });
@@ -229,6 +229,7 @@ test('idempotency calls failing (no USAGE on the schema): 503, or unguarded with
     await closed.close();
     await open.close();
     await limited.end();
+    await pool.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);
   }
 });
 

@@ -207,7 +207,7 @@ def test_an_unreachable_database_is_503_and_nothing_runs(serve):
 def no_usage_role(admin):
     """A role that may write charges but not use the extension: claims fail
     while the database works. Yields its connection string."""
-    role = "idempotency_test_no_usage"
+    role = "idempotency_test_python_no_usage"
     admin.execute(f"DROP ROLE IF EXISTS {role}")
     admin.execute(f"CREATE ROLE {role} LOGIN; GRANT ALL ON charges TO {role}")
     yield make_conninfo(DATABASE_URL, user=role)
