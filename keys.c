@@ -78,6 +78,7 @@
 #define NE " OPERATOR(pg_catalog.<>) "
 #define LE " OPERATOR(pg_catalog.<=) "
 #define PLUS " OPERATOR(pg_catalog.+) "
+#define MINUS " OPERATOR(pg_catalog.-) "
 #define KEY_IS "scope" EQ "$1 AND key" EQ "$2"
 #define IN_PROGRESS "'in_progress'::idempotency.state"
 #define COMPLETED "'completed'::idempotency.state"
@@ -87,6 +88,14 @@
 #define OWNED_BY_FENCE KEY_IS " AND fence" EQ "$3 AND state" EQ IN_PROGRESS " AND " SEEN_BY("$4")
 /* The records that claim treats as absent and reap may delete, at time $n. */
 #define EXPIRED_AT(n) "expires_at" LE n " AND (state" EQ COMPLETED " OR lease_expires_at" LE n ")"
+/*
+ * The lease's end becomes e, never earlier, and the record's expiry moves
+ * later by as much as the lease's end did: a response stored at the end of
+ * a renewed or taken-over lease is kept as long as one stored at the end of
+ * the first (retention minus lease), never stored already expired.
+ */
+#define LEASE_ENDS(e) "lease_expires_at = GREATEST(lease_expires_at, " e "),"\
+	" expires_at = expires_at" PLUS "GREATEST((" e ")" MINUS "lease_expires_at, '0'::pg_catalog.interval)"
 
 typedef enum PlanId
 {
@@ -121,7 +130,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	},
 	[PLAN_TAKEOVER] = {
 		"UPDATE idempotency.keys SET fence = $7, attempt = attempt" PLUS "1,"
-		" lease = $5, lease_expires_at = $6" PLUS "$5"
+		" lease = $5, " LEASE_ENDS("$6" PLUS "$5")
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4 AND state" EQ IN_PROGRESS
 		" AND lease_expires_at" LE "$6 AND NOT (" EXPIRED_AT("$6") ")"
 		" RETURNING attempt, recovery_point, recovery_state, created_at",
@@ -130,7 +139,8 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_RESTAMP] = {
 		"UPDATE idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
 		" created_at = CASE WHEN $6 IS NULL THEN created_at ELSE $5 END,"
-		" expires_at = COALESCE($5" PLUS "$6, expires_at)"
+		" expires_at = COALESCE($5" PLUS "$6, expires_at" PLUS
+		"GREATEST(($5" PLUS "lease)" MINUS "lease_expires_at, '0'::pg_catalog.interval))"
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4",
 		6, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, TIMESTAMPTZOID, INTERVALOID}
 	},
@@ -139,15 +149,14 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		4, {TEXTOID, TEXTOID, INT8OID, REGROLEOID}
 	},
 	[PLAN_EXTEND] = {
-		"UPDATE idempotency.keys SET lease_expires_at ="
-		" GREATEST(lease_expires_at, $6" PLUS "COALESCE($5, lease))"
-		" WHERE " OWNED_BY_FENCE " RETURNING lease_expires_at",
+		"UPDATE idempotency.keys SET " LEASE_ENDS("$6" PLUS "COALESCE($5, lease)")
+		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$6") ") RETURNING lease_expires_at",
 		6, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INTERVALOID, TIMESTAMPTZOID}
 	},
 	[PLAN_CHECKPOINT] = {
-		"UPDATE idempotency.keys SET recovery_point = $5, recovery_state = $6,"
-		" lease_expires_at = GREATEST(lease_expires_at, $7" PLUS "lease)"
-		" WHERE " OWNED_BY_FENCE,
+		"UPDATE idempotency.keys SET recovery_point = $5, recovery_state = $6, "
+		LEASE_ENDS("$7" PLUS "lease")
+		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$7") ")",
 		7, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, TEXTOID, JSONBOID, TIMESTAMPTZOID}
 	},
 	[PLAN_LOOKUP] = {

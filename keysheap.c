@@ -236,6 +236,15 @@ record_rank(const IdemCall *call, TupleTableSlot *slot, TimestampTz now)
 	return (expired ? 2 : 0) + (own ? 0 : 1);
 }
 
+/* Whether the caller sees the record in slot and it has not expired at now. */
+static bool
+is_live_for(const IdemCall *call, TupleTableSlot *slot, TimestampTz now)
+{
+	int			rank = record_rank(call, slot, now);
+
+	return rank == 0 || rank == 1;
+}
+
 /* Fills rec from the record in slot; the response too when claim will replay it. */
 static void
 read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, IdemRecord *rec)
@@ -454,11 +463,12 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 
 /*
  * Finds, under snapshot, the in_progress record of (scope, key) that fence
- * owns and the caller sees; copies it into slot.
+ * owns, the caller sees and that has not expired at now; copies it into
+ * slot.  An expired record counts as gone, as it does for claim and reap.
  */
 static bool
 find_claim(KeysRel *k, Snapshot snapshot, IdemCall *call, text *scope, text *key,
-		   int64 fence, TupleTableSlot *slot)
+		   int64 fence, TimestampTz now, TupleTableSlot *slot)
 {
 	const IdemKeysCatalog *c = idem_keys_catalog();
 	Relation	pk = index_open(RelationGetPrimaryKeyIndex(k->rel), RowExclusiveLock);
@@ -468,7 +478,7 @@ find_claim(KeysRel *k, Snapshot snapshot, IdemCall *call, text *scope, text *key
 	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
 		found = DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE)) == fence &&
 			DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) == c->in_progress_label &&
-			sees_owner(call->caller, DatumGetObjectId(slot_col(call, slot, IDEM_COL_OWNER)));
+			is_live_for(call, slot, now);
 	if (found)
 		ExecMaterializeSlot(slot);
 	index_endscan(scan);
@@ -522,7 +532,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 		HeapTuple	old_tuple;
 		bool		should_free;
 
-		if (!find_claim(&k, snapshot, call, scope, key, fence, old_slot))
+		if (!find_claim(&k, snapshot, call, scope, key, fence, now, old_slot))
 		{
 			UnregisterSnapshot(snapshot);
 			break;

@@ -58,6 +58,36 @@ SELECT state, fence = :f2 AS new_owner, recovery_point FROM idempotency.keys WHE
 SELECT idempotency.complete('job-1', :f2, 200, 'fresh');
 SELECT outcome, attempt, body FROM idempotency.claim('job-1', '\x01');
 
+-- a taken-over, extended or checkpointed lease moves the record's expiry as
+-- far as its own end: the record does not expire under its owner, and a
+-- response stored at the lease's end is kept (retention - lease) after it
+SELECT fence AS f12 FROM idempotency.claim('life-1', '\x0d', lease => '100 milliseconds',
+                                           retention => '1s') \gset
+SELECT pg_sleep(0.15);
+SELECT outcome, attempt, fence AS f13 FROM idempotency.claim('life-1', '\x0d', lease => '10 min') \gset
+SELECT :'outcome' AS outcome, :attempt AS attempt;
+SELECT expires_at - lease_expires_at >= '900 milliseconds' AS margin_kept
+FROM idempotency.keys WHERE key = 'life-1';
+SELECT idempotency.complete('life-1', :f13, 201, 'late');
+SELECT expires_at > completed_at + '9 minutes' AS kept_after_completion
+FROM idempotency.keys WHERE key = 'life-1';
+SELECT fence AS f14 FROM idempotency.claim('life-2', '\x0e', lease => '1s', retention => '1s') \gset
+SELECT idempotency.extend('life-2', :f14, '1 hour') IS NOT NULL AS extended;
+SELECT expires_at >= lease_expires_at AS expires_after_lease FROM idempotency.keys WHERE key = 'life-2';
+SELECT fence AS f15 FROM idempotency.claim('life-3', '\x0f', lease => '100 milliseconds',
+                                           retention => '100 milliseconds') \gset
+SELECT idempotency.checkpoint('life-3', :f15, 'step-1');
+SELECT expires_at >= lease_expires_at AS expires_after_lease FROM idempotency.keys WHERE key = 'life-3';
+-- an owner whose record expired (lease and retention ended) has lost it, as
+-- to claim and reap: IK001, nothing stored
+SELECT fence AS f16 FROM idempotency.claim('life-4', '\x10', lease => '10 milliseconds',
+                                           retention => '10 milliseconds') \gset
+SELECT pg_sleep(0.05);
+SELECT idempotency.complete('life-4', :f16, 201, 'too late');
+SELECT idempotency.extend('life-4', :f16);
+SELECT idempotency.checkpoint('life-4', :f16, 'too late');
+SELECT state, body FROM idempotency.keys WHERE key = 'life-4';
+
 -- a takeover with a different fingerprint is still a mismatch
 SELECT fence AS f3 FROM idempotency.claim('job-2', '\x02', lease => '10 milliseconds') \gset
 SELECT pg_sleep(0.05);
@@ -74,7 +104,7 @@ FROM idempotency.claim('old-1', '\x05');
 SELECT state, body IS NULL AS body_cleared, fingerprint FROM idempotency.keys WHERE key = 'old-1';
 
 -- an expired in_progress record is absent only once its lease has ended too
--- (a lease extended past the retention)
+-- (a lease extended past the retention, which moves the expiry with it)
 SELECT fence AS f5 FROM idempotency.claim('old-2', '\x06', lease => '10 milliseconds',
                                           retention => '10 milliseconds') \gset
 SELECT idempotency.extend('old-2', :f5, '60s') > clock_timestamp() AS extended;
