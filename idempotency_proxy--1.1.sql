@@ -21,6 +21,13 @@ BEGIN
 END
 $$;
 
+-- The extension makes its own schema, and fails if one by that name exists:
+-- a function someone else put there (an overload of claim, say) could
+-- otherwise catch the application's calls.
+CREATE SCHEMA idempotency;
+COMMENT ON SCHEMA idempotency IS
+	'Idempotency keys for HTTP APIs, routed to shards; grant USAGE to the roles that use the API';
+
 -- Computed on the proxy itself, by the same C code as on the shards.
 
 CREATE FUNCTION idempotency.fingerprint(

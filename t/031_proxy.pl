@@ -79,6 +79,26 @@ is(sqlstate_of($shards[0], 'CREATE EXTENSION idempotency_proxy CASCADE'),
 isnt(sqlstate_of($proxy, 'CREATE EXTENSION idempotency'),
 	'no error', 'and idempotency cannot be added to the proxy');
 
+# A database owner pre-creates schema idempotency with an overload of claim
+# that would catch an application's calls: the install refuses the schema.
+$proxy->safe_psql('postgres',
+	"CREATE ROLE proxy_db_owner LOGIN; CREATE DATABASE attacked OWNER proxy_db_owner");
+$proxy->safe_psql(
+	'attacked', q{
+SET ROLE proxy_db_owner;
+CREATE SCHEMA idempotency;
+CREATE FUNCTION idempotency.claim(key text, fingerprint text) RETURNS text
+	LANGUAGE sql AS $$ SELECT 'new' $$;
+});
+my ($stdout, $stderr);
+$proxy->psql('attacked', "\\set VERBOSITY verbose\nCREATE EXTENSION idempotency_proxy CASCADE",
+	stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/42P06: schema "idempotency" already exists/,
+	'idempotency_proxy refuses a schema it did not create');
+is($proxy->safe_psql('attacked', "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency_proxy'"),
+	'0', 'and is not installed there');
+$proxy->safe_psql('postgres', "DROP DATABASE attacked; DROP ROLE proxy_db_owner");
+
 # --- Placement: each record sits on the shard the rule names.
 my @scopes = ('', 'acct_42', map { "acct_$_" } 1 .. 30);
 on_proxy(join ";\n",
