@@ -32,6 +32,12 @@
 #define DATCONNLIMIT_INVALID_DB -2
 #endif
 
+/* PG 14 named the string-key flag of hash_create (before it, the default) and pg_monitor's OID. */
+#if PG_VERSION_NUM < 140000
+#define HASH_STRINGS 0
+#define ROLE_PG_MONITOR DEFAULT_ROLE_MONITOR
+#endif
+
 /* PG 16 exported guc_malloc; before it, a check hook's extra block comes from malloc. */
 #if PG_VERSION_NUM < 160000
 #define guc_malloc(elevel, size) malloc(size)
