@@ -65,11 +65,13 @@
 	"SELECT s.shardid, s.shardminvalue::pg_catalog.int4, s.shardmaxvalue::pg_catalog.int4," \
 	" p.colocationid, EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl," \
 	" pg_catalog.pg_dist_local_group g WHERE pl.shardid OPERATOR(pg_catalog.=) s.shardid" \
-	" AND pl.groupid OPERATOR(pg_catalog.=) g.groupid)" \
+	" AND pl.groupid OPERATOR(pg_catalog.=) g.groupid)," \
+	" COALESCE(p.partmethod OPERATOR(pg_catalog.=) 'h'::pg_catalog.\"char\"" \
+	" AND pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)" \
+	" OPERATOR(pg_catalog.=) 'scope', false)" \
 	" FROM pg_catalog.pg_dist_partition p JOIN pg_catalog.pg_dist_shard s" \
 	" ON s.logicalrelid OPERATOR(pg_catalog.=) p.logicalrelid" \
 	" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1" \
-	" AND p.partmethod OPERATOR(pg_catalog.=) 'h'::pg_catalog.\"char\"" \
 	" ORDER BY 2"
 
 /* A shard of idempotency.keys. */
@@ -148,6 +150,7 @@ map_read_shards(Oid keys_relid)
 	Datum		args[1] = {ObjectIdGetDatum(keys_relid)};
 	SPIPlanPtr	plan;
 	MemoryContext old;
+	bool		isnull;
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
@@ -160,6 +163,15 @@ map_read_shards(Oid keys_relid)
 							 InvalidSnapshot, true, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the shards of idempotency.keys from Citus's catalogs");
 
+	/* Distributed otherwise (a reference table, by another column): refuse to guess. */
+	if (SPI_processed > 0 &&
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 6, &isnull)))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency.keys is distributed in a way the extension cannot use"),
+				 errdetail("The records must be hash-distributed by scope."),
+				 errhint("Undistribute the table and call idempotency.citus_distribute().")));
+
 	old = MemoryContextSwitchTo(map_cxt);
 	map.nshards = (int) SPI_processed;
 	map.shards = palloc0(sizeof(KeysShard) * Max(map.nshards, 1));
@@ -169,7 +181,6 @@ map_read_shards(Oid keys_relid)
 		HeapTuple	tup = SPI_tuptable->vals[i];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		KeysShard  *s = &map.shards[i];
-		bool		isnull;
 
 		s->shardid = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 		s->min = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
@@ -199,8 +210,18 @@ map_load(Oid keys_relid)
 	map.keys_relid = keys_relid;
 	/* Valid from here: an invalidation while reading marks it invalid again. */
 	map.valid = true;
-	if (OidIsValid(get_extension_oid("citus", true)))
-		map_read_shards(keys_relid);
+	PG_TRY();
+	{
+		if (OidIsValid(get_extension_oid("citus", true)))
+			map_read_shards(keys_relid);
+	}
+	PG_CATCH();
+	{
+		/* A read that failed (a cancel, a timeout) must not leave an empty map behind. */
+		map.valid = false;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 }
 
 /* Tells whether idempotency.keys (keys_relid) is distributed with Citus; loads the map. */
@@ -324,8 +345,8 @@ idem_citus_locate(IdemCall *call, const char *function, text *scope, bool scope_
 				(errcode(ERRCODE_WRONG_NODE),
 				 errmsg("%s must run on the node that holds the records of scope \"%s\"",
 						function, text_to_cstring(scope)),
-				 errdetail("idempotency.keys is distributed with Citus and this node holds no placement of shard " INT64_FORMAT ".",
-						   s->shardid),
+				 errdetail("idempotency.keys is distributed with Citus and this node holds no placement of shard %lld.",
+						   (long long) s->shardid),
 				 errhint("Call it on its own (SELECT * FROM idempotency.claim(...) or SELECT idempotency.complete(...)) with a constant scope, so that Citus delegates it.")));
 	call->rel = *shard_rel(s);
 }

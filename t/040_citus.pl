@@ -275,6 +275,27 @@ is($w1->safe_psql('postgres', $held), $held_before,
 is(cq(q{SELECT pg_relation_size('idempotency.keys') || ':' || count(*) FROM outcomes}),
 	'0:0', "nothing was written on the coordinator");
 
+# A backend whose read of the shard map failed (here: lock_timeout on
+# Citus's catalog) reads it again at its next call, instead of keeping an
+# empty map that would send its calls to the coordinator's own table.
+my $locker = $coord->background_psql('postgres');
+my $session = $coord->background_psql('postgres', on_error_stop => 0);
+$session->query_safe('SELECT count(*) FROM idempotency.keys');    # Citus's cache, not ours
+$locker->query_safe('BEGIN; LOCK pg_catalog.pg_dist_shard IN ACCESS EXCLUSIVE MODE');
+my ($out, $ret) = $session->query(
+	q{SET lock_timeout = '300ms'; SELECT (idempotency.claim('held', '\x01', 'acct_1')).outcome});
+like($session->{stderr}, qr/lock timeout/, 'the map read fails while the catalog is locked');
+$locker->query_safe('COMMIT');
+$locker->quit;
+$session->{stderr} = '';
+($out, $ret) = $session->query(
+	q{RESET lock_timeout; SELECT (idempotency.claim('held', '\x01', 'acct_1')).outcome});
+like($session->{stderr}, qr/must run on the node that holds the records/,
+	'the next call reads the map again: IK002, not an answer from the coordinator');
+$session->quit;
+is($w1->safe_psql('postgres', $held), $held_before, 'the held record is still untouched');
+is(cq(q{SELECT pg_relation_size('idempotency.keys')}), '0', 'the coordinator table is still empty');
+
 # ---------------------------------------------------------------------------
 # Records follow their tenant through a shard move
 # ---------------------------------------------------------------------------
