@@ -1,8 +1,9 @@
 # scripts/reshard doubles a PL/Proxy cluster from 2 to 4 partitions: while
 # the new partitions are parked only the moving scopes fail; afterwards every
 # record and business row sits on the shard shard_of(scope, 4) names,
-# completed records replay through the proxy, a claim's owner still completes
-# it, and a takeover gets a larger fence than any before the split.
+# completed records replay through the proxy (and a second proxy), a claim's
+# owner still completes it, and new fences, of a takeover or of a new key,
+# are larger than any before the split.
 
 use strict;
 use warnings FATAL => 'all';
@@ -27,6 +28,15 @@ my @shards = @{ $c->{shards} };
 # Runs $sql on the proxy.
 sub on_proxy { return $proxy->safe_psql('postgres', $_[0]); }
 
+# A second proxy database of the same cluster, which reshard must keep in step.
+$proxy->safe_psql('postgres', 'CREATE DATABASE proxy2');
+$proxy->safe_psql('proxy2',
+	"CREATE EXTENSION idempotency_proxy CASCADE; "
+	  . "CREATE SERVER idempotency FOREIGN DATA WRAPPER plproxy OPTIONS ("
+	  . join(', ', map { "p$_ '" . partition_connstr($c, $_) . "'" } 0, 1) . "); "
+	  . "CREATE USER MAPPING FOR PUBLIC SERVER idempotency OPTIONS (user 'idem_proxy')");
+sub on_proxy2 { return $proxy->safe_psql('proxy2', $_[0]); }
+
 # Runs scripts/reshard with these arguments; returns its exit status and output.
 sub reshard
 {
@@ -34,7 +44,8 @@ sub reshard
 	my ($out, $err);
 	IPC::Run::run(
 		[
-			$reshard, '--table', 'public.charges:scope', @args,
+			$reshard, '--table', 'public.charges:scope',
+			'--proxy', $proxy->connstr('proxy2'), @args,
 			$proxy->connstr('postgres'),
 			partition_connstr($c, 2), partition_connstr($c, 3)
 		],
@@ -70,12 +81,9 @@ my $held_fence = on_proxy(
 	"SELECT fence FROM idempotency.claim('open', '\\x02', '$held', lease => '1 hour')");
 my $lapsing_fence = on_proxy(
 	"SELECT fence FROM idempotency.claim('open', '\\x02', '$lapsing', lease => '1 second')");
-my $largest_fence = 0;
-foreach my $shard (@shards[ 0, 1 ])
-{
-	my $last = $shard->safe_psql('postgres', 'SELECT last_value FROM idempotency.fence_seq');
-	$largest_fence = $last if $last > $largest_fence;
-}
+my @last_fence = map { $_->safe_psql('postgres', 'SELECT last_value FROM idempotency.fence_seq') }
+  @shards[ 0, 1 ];
+my $largest_fence = $last_fence[0] > $last_fence[1] ? $last_fence[0] : $last_fence[1];
 
 # --- begin: the new partitions are parked.
 my ($status, $output) = reshard('--step', 'begin');
@@ -86,6 +94,10 @@ $proxy->psql('postgres',
 	stdout => \$out, stderr => \$err);
 like($err, qr/ERROR:  XX000: .*idempotency-resharding/,
 	'while parked, a moving scope fails with a connection error');
+$proxy->psql('proxy2',
+	"\\set VERBOSITY verbose\nSELECT outcome FROM idempotency.claim('paid', '\\x01', '$moving[2]')",
+	stdout => \$out, stderr => \$err);
+like($err, qr/ERROR:  XX000: .*idempotency-resharding/, 'on the second proxy too');
 is( on_proxy("SELECT outcome FROM idempotency.claim('paid', '\\x01', '$staying[0]')"),
 	'replay', 'while parked, a staying scope answers from its shard');
 ($status, $output) = reshard('--step', 'begin');
@@ -133,6 +145,12 @@ my @replays = grep {
 	  eq "replay|receipt $_"
 } @scopes;
 is(scalar(@replays), 40, 'every completed record replays through the proxy');
+is( on_proxy2(
+		"SELECT count(*) FROM pg_options_to_table((SELECT srvoptions FROM pg_foreign_server "
+		  . "WHERE srvname = 'idempotency')) WHERE option_name LIKE 'p%'"),
+	'4', 'the second proxy has 4 partitions too');
+is(on_proxy2("SELECT outcome FROM idempotency.claim('paid', '\\x01', '$moving[2]')"),
+	'replay', 'and replays a moved scope from its new shard');
 
 # The owner of a claim made before the split completes it after.
 is( on_proxy(
@@ -149,6 +167,12 @@ ok($fence > $largest_fence,
 is(sqlstate_of($proxy,
 	"SELECT idempotency.complete('open', $lapsing_fence, 200, 'stale', scope => '$lapsing')"),
 	'IK001', 'the old owner is fenced out');
+# A new key in a moved scope draws from the new shard's sequence, which the
+# move set above the source's (a takeover alone draws above the old fence).
+my $source_fence = $last_fence[ $part4{ $moving[3] } - 2 ];
+my $new_fence = on_proxy("SELECT fence FROM idempotency.claim('fresh', '\\x03', '$moving[3]')");
+ok($new_fence > $source_fence,
+	"a new key's fence $new_fence on a new shard is larger than every fence of its source ($source_fence)");
 
 proxy_stop($c);
 done_testing();

@@ -68,7 +68,11 @@ listen_addresses = '127.0.0.1'
 max_connections = 60
 });
 		$shard->start;
-		# The proxy's user mapping connects as idem_proxy, a plain role.
+		# The proxy's user mapping connects as idem_proxy, a plain role, whose
+		# OID differs on each shard as on separate servers (made so by $i
+		# roles created before it): a record moved between shards must keep
+		# its owner by name.
+		$shard->safe_psql('postgres', "CREATE ROLE oid_skew_$_") for 1 .. $i;
 		$shard->safe_psql(
 			'postgres', q{
 CREATE EXTENSION idempotency;
