@@ -189,20 +189,15 @@ function idempotency(pool, options = {}) {
     next();
   }
 
-  // Ends the handler's transaction: complete and commit, or roll back and
-  // release. Resolves to true when the handler's response is the one to send.
+  // Ends the handler's transaction: complete and commit, or (5xx) roll back
+  // and abandon. Resolves to true when the handler's response is the one to send.
   async function finish(db, claim, res, body) {
-    const failed = res.statusCode >= 500;
+    if (res.statusCode >= 500) return abandon(db, claim, res, body);
     try {
-      if (failed) {
-        await db.query('ROLLBACK');
-        if (claim) await client.release(claim.key, claim.fence, { db, scope: claim.scope });
-      } else {
-        if (claim)
-          await client.complete(claim.key, claim.fence, res.statusCode, body, headersToStore(res),
-            { db, scope: claim.scope });
-        await db.query('COMMIT');
-      }
+      if (claim)
+        await client.complete(claim.key, claim.fence, res.statusCode, body, headersToStore(res),
+          { db, scope: claim.scope });
+      await db.query('COMMIT');
       db.release();
       return true;
     } catch (err) {
@@ -212,12 +207,38 @@ function idempotency(pool, options = {}) {
         return replaceResponse(res, 409, 'idempotency_claim_lost',
           'This request ran past its lease and a retry took it over; its writes were rolled back.',
           { 'Retry-After': '1' });
-      if (failed) return true; // the handler's 5xx goes out; the key frees itself when its lease ends
       if (claim) await client.release(claim.key, claim.fence, { scope: claim.scope }).catch(() => {});
       opts.log(`could not store the response: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The response could not be stored; nothing was kept. Retry later.', { 'Retry-After': '1' });
     }
+  }
+
+  // Rolls back a 5xx handler's writes, then hands its response to complete,
+  // which releases the key (or, with idempotency.store_server_errors on,
+  // stores the response for replay); the handler's 5xx goes out either way.
+  async function abandon(db, claim, res, body) {
+    try {
+      await db.query('ROLLBACK');
+    } catch (err) {
+      db.release(err);
+      return true; // the connection is gone; the key frees itself when its lease ends
+    }
+    let broken;
+    if (claim) {
+      try {
+        await client.complete(claim.key, claim.fence, res.statusCode, body, headersToStore(res),
+          { db, scope: claim.scope });
+      } catch (err) {
+        if (err.code !== 'IK001') { // IK001: a retry owns the key, nothing of ours to free
+          opts.log(`could not end the claim after a ${res.statusCode}: ${err.message}`);
+          if (err.code) await client.release(claim.key, claim.fence, { db, scope: claim.scope }).catch(() => {});
+          else broken = err; // not an SQL error: the key frees itself when its lease ends
+        }
+      }
+    }
+    db.release(broken);
+    return true;
   }
 
   // Picks the response headers that a replay repeats.

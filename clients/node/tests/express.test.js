@@ -175,6 +175,45 @@ test('a handler that throws: 500, its writes roll back, the key is released', as
   assert.equal(await idem.lookup(key, { scope: scopeOf('Bearer alice') }), null);
 });
 
+test('with idempotency.store_server_errors on, a 5xx is stored and replayed; off, the retry runs again', async () => {
+  const keeping = newPool({ options: '-c idempotency.store_server_errors=on' });
+  const on = await listen(makeApp(keeping));
+  try {
+    const tag = unique('keep5xx');
+    const key = unique('k');
+    const first = await post('/charges', { tag, status: 500 }, { keys: [key], url: on.url });
+    assert.equal(first.status, 500);
+    assert.equal(first.headers['idempotent-replayed'], undefined);
+    const again = await post('/charges', { tag, status: 500 }, { keys: [key], url: on.url });
+    assert.equal(again.status, 500);
+    assert.equal(again.headers['idempotent-replayed'], 'true');
+    assert.deepEqual(again.body, first.body);
+    assert.equal(again.headers.location, first.headers.location);
+    assert.equal(await charges(tag), 0); // its writes still rolled back
+    const record = await idem.lookup(key, { scope: scopeOf('Bearer alice') });
+    assert.equal(record.state, 'completed');
+    assert.equal(record.statusCode, 500);
+    const thrownKey = unique('k');
+    const thrown = await post('/throws', { tag }, { keys: [thrownKey], url: on.url });
+    assert.equal(thrown.status, 500);
+    const thrownAgain = await post('/throws', { tag }, { keys: [thrownKey], url: on.url });
+    assert.equal(thrownAgain.headers['idempotent-replayed'], 'true');
+    assert.deepEqual(thrownAgain.body, thrown.body);
+    assert.equal(await charges(tag), 0);
+  } finally {
+    await on.close();
+    await keeping.end();
+  }
+  const tag = unique('drop5xx');
+  const key = unique('k');
+  const first = await post('/charges', { tag, status: 500 }, { keys: [key] });
+  const retry = await post('/charges', { tag, status: 500 }, { keys: [key] });
+  assert.equal(retry.status, 500);
+  assert.equal(retry.headers['idempotent-replayed'], undefined);
+  assert.notDeepEqual(retry.body, first.body); // it ran again: another charge id
+  assert.equal(await idem.lookup(key, { scope: scopeOf('Bearer alice') }), null);
+});
+
 test('an attempt that lost its lease to a retry: 409 idempotency_claim_lost, its writes rolled back', async () => {
   const app = await listen(makeApp(pool, { lease: '300 milliseconds' }));
   try {

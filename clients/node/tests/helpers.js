@@ -8,11 +8,12 @@ const { Pool } = require('pg');
 
 if (!process.env.DATABASE_URL) throw new Error('DATABASE_URL must name a database with the idempotency extension');
 
-// Returns a pg.Pool on the test database, as user when given.
-function newPool({ user } = {}) {
+// Returns a pg.Pool on the test database, as user when given; options: the
+// connection's startup options (e.g. '-c name=value').
+function newPool({ user, options } = {}) {
   const url = new URL(process.env.DATABASE_URL);
   if (user) url.username = user;
-  return new Pool({ connectionString: url.href });
+  return new Pool({ connectionString: url.href, ...(options ? { options } : {}) });
 }
 
 // Returns a name no other test uses.
