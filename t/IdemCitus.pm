@@ -13,7 +13,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-our @EXPORT = qw(citus_skip_unless_installed citus_cluster citus_stop
+our @EXPORT = qw(citus_skip_unless_installed citus_cluster citus_add_worker citus_stop
   citus_shard_of citus_worker_of citus_crashed);
 
 # The Citus release the tests are written against (scripts/install-citus).
@@ -58,6 +58,19 @@ sub citus_cluster
 	}
 	$coord->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 	return ($coord, \@workers);
+}
+
+# Creates and starts another worker, as configured as the others, and adds
+# it to the cluster (Citus creates the extension there); returns it.
+sub citus_add_worker
+{
+	my ($coord, $name, $extra_conf) = @_;
+	my $worker = _citus_node($name, $extra_conf // '');
+
+	$worker->safe_psql('postgres', 'CREATE EXTENSION citus');
+	$coord->safe_psql('postgres',
+		"SELECT citus_add_node('127.0.0.1', " . $worker->port . ')');
+	return $worker;
 }
 
 # Creates and starts one node of the cluster.
