@@ -1,8 +1,9 @@
 # Two-phase commit: a prepared transaction that claimed or completed a key
-# holds the key's lock until COMMIT or ROLLBACK PREPARED.  A claim's `wait`
-# bounds its wait for it (lock_timeout bounds the rest), and a claim waiting
-# for a prepared complete wakes when COMMIT PREPARED releases the lock,
-# rather than at its next safety re-check.
+# keeps its write of the record uncommitted until COMMIT or ROLLBACK
+# PREPARED, and a claim of the key waits for that transaction.  A claim's
+# `wait` bounds that wait (lock_timeout bounds the rest), and a claim
+# waiting for a prepared complete wakes when COMMIT PREPARED ends the
+# transaction, rather than at its next safety re-check.
 
 use strict;
 use warnings FATAL => 'all';
@@ -38,9 +39,9 @@ is( $node->safe_psql('postgres',
 	'new|1', 'after ROLLBACK PREPARED the key is free');
 
 # A claim waits for a key in progress; its owner completes in a prepared
-# transaction.  The waiter is woken at PREPARE, finds the key's lock held by
-# the prepared transaction, waits on that lock, and answers replay as soon
-# as COMMIT PREPARED releases it.
+# transaction.  The waiter is woken at PREPARE, finds the record written by
+# the prepared transaction, waits for that transaction (a lock wait on its
+# id), and answers replay as soon as COMMIT PREPARED ends it.
 my $fence = $node->safe_psql('postgres',
 	q{SELECT fence FROM idempotency.claim('p2', '\x02')});
 my $waiter = $node->background_psql('postgres');
@@ -60,7 +61,7 @@ $node->safe_psql('postgres', qq{
 ok( $node->poll_query_until('postgres',
 		q{SELECT count(*) > 0 FROM pg_stat_activity
 		  WHERE query LIKE '%wait => ''60s''%' AND wait_event_type = 'Lock'}),
-	'the waiter now waits for the prepared transaction, on the key lock');
+	'the waiter now waits for the prepared transaction, a lock wait');
 $node->safe_psql('postgres', q{COMMIT PREPARED 'complete_p2'});
 is($waiter->query_safe(''), 'replay|200', 'COMMIT PREPARED wakes it: replay');
 $waiter->quit;
