@@ -14,6 +14,7 @@
 #include "utils/timestamp.h"
 
 #include "args.h"
+#include "compat.h"
 #include "idempotency.h"
 
 /*

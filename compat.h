@@ -10,6 +10,16 @@
 #include "miscadmin.h"
 #include "utils/guc.h"
 
+/* PG 16 split the varlena macros (VARDATA_ANY, VARSIZE_ANY_EXHDR) out of postgres.h. */
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"
+#endif
+
+/* PG 16 removed Abs() from c.h. */
+#ifndef Abs
+#define Abs(x) ((x) >= 0 ? (x) : -(x))
+#endif
+
 /* PG 15 renamed EmitWarningsOnPlaceholders and made it reserve the prefix. */
 #if PG_VERSION_NUM < 150000
 #define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
@@ -43,12 +53,12 @@
 #define guc_malloc(elevel, size) malloc(size)
 #endif
 
-/* PG 16 made table_tuple_update say which indexes need new entries. */
+/* PG 16 made table_tuple_update say which indexes need new entries (a macro: tableam.h need not be included). */
 #if PG_VERSION_NUM >= 160000
-typedef TU_UpdateIndexes IdemUpdateIndexes;
+#define IdemUpdateIndexes TU_UpdateIndexes
 #define IDEM_UPDATE_INDEXES_NEEDED(u) ((u) != TU_None)
 #else
-typedef bool IdemUpdateIndexes;
+#define IdemUpdateIndexes bool
 #define IDEM_UPDATE_INDEXES_NEEDED(u) (u)
 #endif
 

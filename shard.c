@@ -18,6 +18,7 @@
 #include "mb/pg_wchar.h"
 
 #include "args.h"
+#include "compat.h"
 
 /* The most shards a cluster may have: PL/Proxy's partitions are far fewer. */
 #define MAX_SHARDS 65536
