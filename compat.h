@@ -57,9 +57,13 @@
 #if PG_VERSION_NUM >= 160000
 #define IdemUpdateIndexes TU_UpdateIndexes
 #define IDEM_UPDATE_INDEXES_NEEDED(u) ((u) != TU_None)
+#define IDEM_UPDATE_SUMMARIZING_ONLY(u) ((u) == TU_Summarizing)
+#define IDEM_INDEX_SUMMARIZING(info) ((info)->ii_Summarizing)
 #else
 #define IdemUpdateIndexes bool
 #define IDEM_UPDATE_INDEXES_NEEDED(u) (u)
+#define IDEM_UPDATE_SUMMARIZING_ONLY(u) false
+#define IDEM_INDEX_SUMMARIZING(info) false
 #endif
 
 /* PG 14 added index_insert's indexUnchanged hint. */

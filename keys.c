@@ -94,6 +94,8 @@
  * a renewed or taken-over lease is kept as long as one stored at the end of
  * the first (retention minus lease), never stored already expired.
  */
+/* The key of the reaper's index (keys_expiry_second_idx). */
+#define EXPIRY_SECOND(t) "idempotency._expiry_second(" t ")"
 #define LEASE_ENDS(e) "lease_expires_at = GREATEST(lease_expires_at, " e "),"\
 	" expires_at = expires_at" PLUS "GREATEST((" e ")" MINUS "lease_expires_at, '0'::pg_catalog.interval)"
 
@@ -169,8 +171,9 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	},
 	[PLAN_REAP] = {
 		"DELETE FROM idempotency.keys WHERE ctid" EQ "ANY (ARRAY("
-		"SELECT ctid FROM idempotency.keys WHERE " EXPIRED_AT("$1")
-		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+		"SELECT ctid FROM idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")
+		" AND " EXPIRED_AT("$1") " ORDER BY " EXPIRY_SECOND("expires_at") ", expires_at"
+		" LIMIT $2 FOR UPDATE SKIP LOCKED))",
 		2, {TIMESTAMPTZOID, INT4OID}
 	},
 };
@@ -226,6 +229,7 @@ static const char *const column_names[IDEM_NUM_COLS] = {
 static bool catalog_valid = false;
 
 PG_FUNCTION_INFO_V1(idempotency_fence_at_least);
+PG_FUNCTION_INFO_V1(idempotency_expiry_second);
 
 /* The last role found allowed to use the API; forgotten when privileges change. */
 static Oid	api_user_checked = InvalidOid;
@@ -673,6 +677,16 @@ idempotency_fence_at_least(PG_FUNCTION_ARGS)
 	Oid			seq = get_relname_relid("fence_seq", get_namespace_oid("idempotency", false));
 
 	PG_RETURN_INT64(next_fence(seq, PG_GETARG_INT64(0)));
+}
+
+/* The whole second, rounded down, of a timestamp: the reaper's index key. */
+Datum
+idempotency_expiry_second(PG_FUNCTION_ARGS)
+{
+	TimestampTz t = PG_GETARG_TIMESTAMPTZ(0);
+
+	/* Floor division, also before 2000 (negative timestamps). */
+	PG_RETURN_INT64(t >= 0 ? t / USECS_PER_SEC : -((-(t + 1)) / USECS_PER_SEC) - 1);
 }
 
 /*

@@ -43,6 +43,7 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/pg_collation.h"
+#include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
@@ -85,6 +86,7 @@ typedef struct KeysRel
 #define MAX_CACHED_INDEX_INFOS 64
 
 static MemoryContext index_info_cxt = NULL;
+static EState *index_estate = NULL;
 static Oid	index_info_oid[MAX_CACHED_INDEX_INFOS];
 static IndexInfo *index_info[MAX_CACHED_INDEX_INFOS];
 static int	index_info_count = 0;
@@ -113,8 +115,62 @@ make_room_for_index_infos(int n)
 	if (!index_infos_stale && index_info_count + n <= MAX_CACHED_INDEX_INFOS)
 		return;
 	MemoryContextReset(index_info_cxt);
+	index_estate = NULL;		/* it lived in index_info_cxt */
 	index_info_count = 0;
 	index_infos_stale = false;
+}
+
+/*
+ * Returns the expression context in which the expressions and predicates of
+ * an expression or partial index on the table are evaluated, with slot as
+ * the row.  Its executor state lives as long as the cached IndexInfo, which
+ * keep their prepared expressions (as the executor keeps them for a
+ * statement).
+ */
+static ExprContext *
+index_expr_context(TupleTableSlot *slot)
+{
+	ExprContext *econtext;
+
+	if (index_estate == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(index_info_cxt);
+
+		index_estate = CreateExecutorState();
+		MemoryContextSwitchTo(old);
+	}
+	econtext = GetPerTupleExprContext(index_estate);
+	ResetExprContext(econtext);
+	econtext->ecxt_scantuple = slot;
+	return econtext;
+}
+
+/*
+ * Computes the index entry of the row in slot into values and isnull, as
+ * the executor's ExecInsertIndexTuples does, expressions included; returns
+ * false when the row does not belong in the index (a partial index whose
+ * predicate it fails).
+ */
+static bool
+form_index_entry(IndexInfo *info, TupleTableSlot *slot, Datum *values, bool *isnull)
+{
+	EState	   *estate = NULL;
+
+	if (info->ii_Expressions != NIL || info->ii_Predicate != NIL)
+	{
+		ExprContext *econtext = index_expr_context(slot);
+
+		estate = index_estate;
+		if (info->ii_Predicate != NIL)
+		{
+			if (info->ii_PredicateState == NULL)
+				info->ii_PredicateState = ExecPrepareQual(info->ii_Predicate, estate);
+			if (!ExecQual(info->ii_PredicateState, econtext))
+				return false;
+		}
+	}
+	FormIndexDatum(info, slot, estate, values, isnull);
+	return true;
 }
 
 /* Returns the IndexInfo of an index of a table of records, cached per backend. */
@@ -153,7 +209,16 @@ keys_open(const IdemCall *call, KeysRel *k)
 	/* Opening the indexes read the invalidations: only now can the cache be emptied. */
 	make_room_for_index_infos(k->nindexes);
 	for (int i = 0; i < k->nindexes; i++)
+	{
 		k->info[i] = cached_index_info(k->indexes[i]);
+		if (k->info[i]->ii_ExclusionOps != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("%s has an exclusion constraint, which the extension cannot maintain",
+							call->rel.name),
+					 errhint("Drop the constraint \"%s\".",
+							 RelationGetRelationName(k->indexes[i]))));
+	}
 }
 
 /* Closes what keys_open opened, keeping the locks. */
@@ -372,13 +437,16 @@ idem_keys_writer(IdemCall *call, text *scope, text *key)
 }
 
 /*
- * Inserts the index entries of the tuple in slot, the primary key's first.
+ * Inserts the index entries of the tuple in slot, the primary key's first,
+ * into every index ready for inserts (one being built concurrently may not
+ * be yet); with summarizing_only, into the summarizing ones only (a HOT
+ * update, from PostgreSQL 16).
  * With speculative, the primary key is checked partially, without waiting:
  * returns false, having inserted nothing else, when another record of its
  * key exists (committed or not).  Otherwise a duplicate is an error.
  */
 static bool
-insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative)
+insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative, bool summarizing_only)
 {
 	Oid			pk = RelationGetPrimaryKeyIndex(k->rel);
 
@@ -392,11 +460,13 @@ insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative)
 			bool		isnull[INDEX_MAX_KEYS];
 			IndexUniqueCheck check;
 
-			if (is_pk != (pass == 0))
+			if (is_pk != (pass == 0) || !k->info[i]->ii_ReadyForInserts ||
+				(summarizing_only && !IDEM_INDEX_SUMMARIZING(k->info[i])))
 				continue;
 			check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO :
 				speculative ? UNIQUE_CHECK_PARTIAL : UNIQUE_CHECK_YES;
-			FormIndexDatum(k->info[i], slot, NULL, values, isnull);
+			if (!form_index_entry(k->info[i], slot, values, isnull))
+				continue;
 			if (!index_insert(index, values, isnull, &slot->tts_tid, k->rel, check,
 							  false, k->info[i]) &&
 				check == UNIQUE_CHECK_PARTIAL)
@@ -450,7 +520,7 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 	ExecStoreHeapTuple(heap_form_tuple(desc, values, nulls), slot, true);
 	token = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
 	table_tuple_insert_speculative(k.rel, slot, GetCurrentCommandId(true), 0, NULL, token);
-	inserted = insert_index_entries(&k, slot, true);
+	inserted = insert_index_entries(&k, slot, true, false);
 	table_tuple_complete_speculative(k.rel, slot, token, inserted);
 	SpeculativeInsertionLockRelease(GetCurrentTransactionId());
 
@@ -520,6 +590,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 	SET_COL(IDEM_COL_BODY, PointerGetDatum(body), body == NULL);
 	SET_COL(IDEM_COL_COMPLETED_AT, TimestampTzGetDatum(now), false);
 	SET_COL(IDEM_COL_LEASE_EXPIRES_AT, (Datum) 0, true);
+	SET_COL(IDEM_COL_LEASE, (Datum) 0, true);
 #undef SET_COL
 
 	for (;;)
@@ -547,7 +618,8 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 		if (result == TM_Ok)
 		{
 			if (IDEM_UPDATE_INDEXES_NEEDED(update_indexes))
-				(void) insert_index_entries(&k, new_slot, false);
+				(void) insert_index_entries(&k, new_slot, false,
+											IDEM_UPDATE_SUMMARIZING_ONLY(update_indexes));
 			done = true;
 			break;
 		}
