@@ -1,13 +1,18 @@
 'use strict';
 // PostgresStorageAdapter under @node-idempotency/core (the library behind
-// @node-idempotency/nestjs, /express and /fastify), from the npm registry.
+// @node-idempotency/nestjs, /express and /fastify), from the npm registry,
+// and under the Express and Fastify plugins when they are installed.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+const { once } = require('node:events');
 const { Idempotency, IdempotencyError, IdempotencyErrorCodes } = require('@node-idempotency/core');
 const { PostgresStorageAdapter } = require('pg-idempotency/node-idempotency');
 const { ClaimLostError } = require('pg-idempotency');
-const { newPool, unique, sleep } = require('./helpers');
+const { newPool, unique, sleep, listen, send } = require('./helpers');
+const { TABLE, optional, createTable, expressApp, fastifyApp } = require('./plugin-apps');
 
 const pool = newPool();
 test.after(() => pool.end());
@@ -129,4 +134,208 @@ test('the adapter refuses what is not the library\'s values', async () => {
   await assert.rejects(adapter.setIfNotExists('k', '{"status":"COMPLETE"}'), TypeError);
   await assert.rejects(adapter.set('k', '{"status":"IN_PROGRESS"}', {}), TypeError);
   assert.throws(() => new PostgresStorageAdapter({}), TypeError);
+});
+
+// The Express and Fastify plugins with the adapter, as apps serve them. Not
+// every npm registry serves the plugins: without them these tests are skipped
+// (../README.md, Tests, says how to run them).
+
+const PLUGINS = [
+  { name: 'Express', plugin: optional('@node-idempotency/express'), start: startExpress },
+  { name: 'Fastify', plugin: optional('@node-idempotency/fastify'), start: startFastify },
+];
+const LIBRARY_KEY = 'node-idempotency:POST:/charges:k1'; // the library's prefix:METHOD:path:key
+
+// Serves the Express plugin's app on 127.0.0.1; resolves to { url, close() }.
+async function startExpress(plugin, adapter) {
+  return listen(await expressApp(plugin, adapter, pool));
+}
+
+// Serves the Fastify plugin's app on 127.0.0.1; resolves to { url, close() }.
+async function startFastify(plugin, adapter) {
+  const app = await fastifyApp(plugin, adapter, pool);
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  return { url: `http://127.0.0.1:${app.server.address().port}`, close: () => app.close() };
+}
+
+// Posts body as JSON to /charges with Idempotency-Key key; delayMs: the handler sleeps first.
+function postCharge(url, key, body, delayMs = 0) {
+  return send(url, { path: '/charges', body: JSON.stringify(body),
+    headers: [['Content-Type', 'application/json'], ['Idempotency-Key', key], ['X-Delay-Ms', String(delayMs)]] });
+}
+
+// Returns how many charges the plugin apps made for tag.
+async function pluginCharges(tag) {
+  const { rows } = await pool.query(`SELECT count(*)::int AS n FROM ${TABLE} WHERE tag = $1`, [tag]);
+  return rows[0].n;
+}
+
+// Returns the records of scope: [key, state, status_code, completed_at].
+async function records(scope) {
+  const { rows } = await pool.query(
+    'SELECT key, state::text, status_code, completed_at FROM idempotency.keys WHERE scope = $1 ORDER BY key', [scope]);
+  return rows.map((r) => [r.key, r.state, r.status_code, r.completed_at?.getTime() ?? null]);
+}
+
+// Runs body(app, scope) against a fresh app of the plugin (leaseMs: the adapter's lease).
+async function withPluginApp(start, plugin, leaseMs, body) {
+  const scope = unique('plugin');
+  const app = await start(plugin, new PostgresStorageAdapter({ pool, scope, leaseMs }));
+  try {
+    await body(app, scope);
+  } finally {
+    await app.close();
+  }
+}
+
+test.before(() => createTable(pool));
+
+for (const { name, plugin, start } of PLUGINS) {
+  const skip = plugin ? false : `@node-idempotency/${name.toLowerCase()} is not installed`;
+
+  test(`${name} plugin: the first request runs, retries replay it, replays write nothing`, { skip }, () =>
+    withPluginApp(start, plugin, undefined, async (app, scope) => {
+      const tag = unique('once');
+      const first = await postCharge(app.url, 'k1', { tag });
+      assert.equal(first.status, 201);
+      assert.equal(first.headers['idempotent-replayed'], undefined);
+      assert.equal(first.json().tag, tag);
+      const again = await postCharge(app.url, 'k1', { tag });
+      assert.equal(again.status, 201);
+      assert.equal(again.headers['idempotent-replayed'], 'true');
+      assert.deepEqual(again.json(), first.json());
+      assert.match(again.headers['content-type'], /^application\/json/);
+      const stored = await records(scope);
+      assert.deepEqual(stored.map((r) => r.slice(0, 3)), [[LIBRARY_KEY, 'completed', 201]]);
+      const third = await postCharge(app.url, 'k1', { tag });
+      assert.deepEqual([third.headers['idempotent-replayed'], third.json()], ['true', first.json()]);
+      assert.deepEqual(await records(scope), stored); // the Fastify plugin hands replays to onResponse too
+      assert.equal(await pluginCharges(tag), 1);
+    }));
+
+  test(`${name} plugin: a duplicate while the first runs is refused 409, another body too; neither is stored`, { skip }, () =>
+    withPluginApp(start, plugin, undefined, async (app) => {
+      const tag = unique('busy');
+      const slow = postCharge(app.url, 'k1', { tag }, 700);
+      await sleep(250);
+      const duplicate = await postCharge(app.url, 'k1', { tag });
+      assert.equal(duplicate.status, 409);
+      assert.equal(duplicate.json().code, 'REQUEST_IN_PROGRESS');
+      assert.equal(duplicate.headers['retry-after'], '1');
+      const otherBody = await postCharge(app.url, 'k1', { tag, amount: 2 });
+      assert.equal(otherBody.status, 409); // in progress comes before the fingerprint
+      assert.equal(otherBody.json().code, 'REQUEST_IN_PROGRESS');
+      assert.equal(otherBody.headers['idempotent-replayed'], undefined); // the first 409 was not stored
+      const first = await slow;
+      assert.equal(first.status, 201);
+      const after = await postCharge(app.url, 'k1', { tag });
+      assert.equal(after.headers['idempotent-replayed'], 'true');
+      assert.deepEqual(after.json(), first.json());
+      assert.equal(await pluginCharges(tag), 1);
+    }));
+
+  test(`${name} plugin: another body under a completed key is refused 422 and not stored`, { skip }, () =>
+    withPluginApp(start, plugin, undefined, async (app) => {
+      const tag = unique('mismatch');
+      const first = await postCharge(app.url, 'k1', { tag });
+      const other = await postCharge(app.url, 'k1', { tag, amount: 2 });
+      assert.equal(other.status, 422);
+      assert.equal(other.json().code, 'IDEMPOTENCY_FINGERPRINT_MISSMATCH');
+      assert.equal(other.headers['idempotent-replayed'], undefined);
+      const again = await postCharge(app.url, 'k1', { tag });
+      assert.equal(again.status, 201);
+      assert.deepEqual(again.json(), first.json());
+      assert.equal(await pluginCharges(tag), 1);
+    }));
+
+  test(`${name} plugin: a 5xx is stored and replayed (the library replays errors); its writes stay`, { skip }, () =>
+    withPluginApp(start, plugin, undefined, async (app, scope) => {
+      const tag = unique('fails');
+      const first = await postCharge(app.url, 'k1', { tag, fail: true });
+      assert.equal(first.status, 500);
+      const again = await postCharge(app.url, 'k1', { tag, fail: true });
+      assert.equal(again.status, 500);
+      assert.equal(again.headers['idempotent-replayed'], 'true');
+      assert.deepEqual(again.json(), first.json());
+      assert.deepEqual((await records(scope)).map((r) => r.slice(0, 3)), [[LIBRARY_KEY, 'completed', 500]]);
+      assert.equal(await pluginCharges(tag), 1); // ran once; no transaction rolled its insert back
+    }));
+
+  test(`${name} plugin, one instance: of an owner taken over after its lease and the retry, the first to finish is stored`, { skip }, () =>
+    withPluginApp(start, plugin, 300, async (app) => {
+      // The adapter holds one fence per key, so a set of the key is taken to be its owner's.
+      for (const [key, retryDelayMs, kept] of [['k1', 0, 'retry'], ['k2', 700, 'owner']]) {
+        const tag = unique('lost');
+        const slow = postCharge(app.url, key, { tag }, 900);
+        await sleep(500);
+        const retry = await postCharge(app.url, key, { tag }, retryDelayMs);
+        const owner = await slow;
+        assert.deepEqual([owner.status, retry.status], [201, 201]); // both ran, neither is told
+        assert.equal(retry.headers['idempotent-replayed'], undefined);
+        assert.notDeepEqual(owner.json(), retry.json());
+        const again = await postCharge(app.url, key, { tag });
+        assert.equal(again.headers['idempotent-replayed'], 'true');
+        assert.deepEqual(again.json(), (kept === 'retry' ? retry : owner).json(), `${key}: the ${kept}'s`);
+        assert.equal(await pluginCharges(tag), 2);
+      }
+    }));
+}
+
+test('Fastify plugin, two instances: an owner taken over after its lease answers 500 (IK001); the record keeps the retry\'s', {
+  skip: PLUGINS[1].plugin ? false : '@node-idempotency/fastify is not installed',
+}, async () => {
+  const scope = unique('plugin');
+  const plugin = PLUGINS[1].plugin;
+  const loser = await startFastify(plugin, new PostgresStorageAdapter({ pool, scope, leaseMs: 300 }));
+  const winner = await startFastify(plugin, new PostgresStorageAdapter({ pool, scope, leaseMs: 300 }));
+  try {
+    const tag = unique('lost');
+    const slow = postCharge(loser.url, 'k1', { tag }, 900);
+    await sleep(500);
+    const takeover = await postCharge(winner.url, 'k1', { tag });
+    assert.equal(takeover.status, 201);
+    assert.equal(takeover.headers['idempotent-replayed'], undefined);
+    const lost = await slow;
+    assert.equal(lost.status, 500);
+    assert.equal(lost.json().code, 'IK001');
+    const again = await postCharge(loser.url, 'k1', { tag });
+    assert.equal(again.headers['idempotent-replayed'], 'true');
+    assert.deepEqual(again.json(), takeover.json()); // the loser's 500 was not stored either
+    assert.equal(await pluginCharges(tag), 2); // both ran: the plugins give no transaction
+  } finally {
+    await loser.close();
+    await winner.close();
+  }
+});
+
+test('Express plugin, two instances: an owner taken over after its lease has answered already; its ClaimLostError is unhandled', {
+  skip: PLUGINS[0].plugin ? false : '@node-idempotency/express is not installed',
+}, async () => {
+  const scope = unique('plugin');
+  const child = spawn(process.execPath, [path.join(__dirname, 'plugin-apps.js'), scope, '300'],
+    { cwd: __dirname, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (chunk) => { stderr += chunk; });
+  const exited = new Promise((resolve) => child.on('exit', (code) => resolve(code)));
+  const winner = await startExpress(PLUGINS[0].plugin, new PostgresStorageAdapter({ pool, scope, leaseMs: 300 }));
+  try {
+    const [port] = await once(child.stdout, 'data');
+    const tag = unique('lost');
+    const slow = postCharge(`http://127.0.0.1:${Number(port)}`, 'k1', { tag }, 900);
+    await sleep(500);
+    const takeover = await postCharge(winner.url, 'k1', { tag });
+    assert.equal(takeover.status, 201);
+    const lost = await slow;
+    assert.equal(lost.status, 201); // sent before onResponse ran
+    assert.notDeepEqual(lost.json(), takeover.json());
+    assert.equal(await exited, 1); // the unhandled rejection ended the loser's process
+    assert.match(stderr, /ClaimLostError/);
+    const again = await postCharge(winner.url, 'k1', { tag });
+    assert.equal(again.headers['idempotent-replayed'], 'true');
+    assert.deepEqual(again.json(), takeover.json());
+    assert.equal(await pluginCharges(tag), 2);
+  } finally {
+    child.kill();
+    await winner.close();
+  }
 });
