@@ -200,8 +200,8 @@ type Record struct {
 	Fingerprint    []byte
 	State          string // "in_progress" or "completed"
 	Attempt        int
-	Lease          time.Duration
-	LeaseExpiresAt time.Time // zero when none
+	Lease          time.Duration // zero once completed
+	LeaseExpiresAt time.Time     // zero when none (once completed)
 	RecoveryPoint  string
 	RecoveryState  json.RawMessage
 	StatusCode     int // 0 while in progress
@@ -223,12 +223,13 @@ func Lookup(ctx context.Context, db Querier, scope, key string) (*Record, error)
 	r := &Record{}
 	var (
 		status                *int32
+		lease                 *time.Duration
 		leaseEnd, completedAt *time.Time
 		recoveryPoint         *string
 		headers, state        []byte
 	)
 	err := db.QueryRow(ctx, lookupSQL, key, scope).Scan(&r.Scope, &r.Key, &r.Fingerprint,
-		&r.State, &r.Attempt, &r.Lease, &leaseEnd, &recoveryPoint, &state, &status, &headers,
+		&r.State, &r.Attempt, &lease, &leaseEnd, &recoveryPoint, &state, &status, &headers,
 		&r.Body, &r.CreatedAt, &completedAt, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -236,6 +237,7 @@ func Lookup(ctx context.Context, db Querier, scope, key string) (*Record, error)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: lookup: %w", err)
 	}
+	r.Lease = deref(lease)
 	r.LeaseExpiresAt = deref(leaseEnd)
 	r.CompletedAt = deref(completedAt)
 	r.RecoveryPoint = deref(recoveryPoint)

@@ -253,7 +253,8 @@ func TestLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.State != "completed" || r.StatusCode != 201 || string(r.Body) != `{"charge":1}` ||
-		!reflect.DeepEqual(r.Header, header) || r.CompletedAt.IsZero() {
+		!reflect.DeepEqual(r.Header, header) || r.CompletedAt.IsZero() ||
+		r.Lease != 0 || !r.LeaseExpiresAt.IsZero() {
 		t.Fatalf("lookup completed: %+v", r)
 	}
 }
