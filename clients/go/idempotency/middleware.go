@@ -230,7 +230,8 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, t
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			g.rollback(tx, t)
+			g.rollback(tx)
+			g.release(t)
 			panic(p)
 		}
 	}()
@@ -242,11 +243,11 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, t
 }
 
 // settle ends the handler's transaction and sends the response: a 5xx rolls
-// back and frees the key; otherwise complete and commit, or, when that
-// fails, 409 (the claim was lost) or 503.
+// back and is abandoned; otherwise complete and commit, or, when that fails,
+// 409 (the claim was lost) or 503.
 func (g *guard) settle(w http.ResponseWriter, tx pgx.Tx, t *Ticket, rec *recorder) {
 	if rec.status >= 500 {
-		g.rollback(tx, t)
+		g.abandon(tx, t, rec)
 		rec.sendTo(w)
 		return
 	}
@@ -268,13 +269,7 @@ func (g *guard) commit(tx pgx.Tx, t *Ticket, rec *recorder) error {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	if t != nil {
-		stored := http.Header{}
-		for _, name := range g.stored {
-			if values := rec.header.Values(name); len(values) > 0 {
-				stored[name] = values
-			}
-		}
-		if _, err := t.Complete(ctx, tx, rec.status, rec.body.Bytes(), stored); err != nil {
+		if _, err := t.Complete(ctx, tx, rec.status, rec.body.Bytes(), g.storedHeader(rec)); err != nil {
 			tx.Rollback(ctx)
 			return err
 		}
@@ -282,14 +277,44 @@ func (g *guard) commit(tx pgx.Tx, t *Ticket, rec *recorder) error {
 	return tx.Commit(ctx)
 }
 
-// rollback undoes the handler's transaction and frees its key.
-func (g *guard) rollback(tx pgx.Tx, t *Ticket) {
+// storedHeader picks the headers of rec that a replay repeats.
+func (g *guard) storedHeader(rec *recorder) http.Header {
+	stored := http.Header{}
+	for _, name := range g.stored {
+		if values := rec.header.Values(name); len(values) > 0 {
+			stored[name] = values
+		}
+	}
+	return stored
+}
+
+// abandon rolls back the transaction of a handler that answered 5xx, then
+// hands its response to complete, which frees the key (or, with
+// idempotency.store_server_errors on, stores the response for replay).
+// When complete fails otherwise than by IK001 (54000: too large to store,
+// among others), release frees the key.
+func (g *guard) abandon(tx pgx.Tx, t *Ticket, rec *recorder) {
+	g.rollback(tx)
+	if t == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	_, err := t.Complete(ctx, g.pool, rec.status, rec.body.Bytes(), g.storedHeader(rec))
+	if err == nil || errors.Is(err, ErrClaimLost) {
+		return // ended, or a retry owns the key: nothing of ours to free
+	}
+	g.opts.Logger.Printf("idempotency: could not end the claim after a %d: %v", rec.status, err)
+	g.release(t)
+}
+
+// rollback undoes the handler's transaction.
+func (g *guard) rollback(tx pgx.Tx) {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		g.opts.Logger.Printf("idempotency: rollback: %v", err)
 	}
-	g.release(t)
 }
 
 // release frees the key of claim t (if any) so that a retry runs again; a

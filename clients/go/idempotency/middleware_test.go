@@ -392,15 +392,22 @@ func TestMiddlewareScopeIsTheCredentialsHash(t *testing.T) {
 	}
 }
 
-func TestMiddlewareServerErrorRollsBackAndReleases(t *testing.T) {
-	var runs int32
-	srv := serve(t, pool, Options{}, func(w http.ResponseWriter, r *http.Request) {
-		n := atomic.AddInt32(&runs, 1)
+// declining returns a handler that writes a row for the X-Key header's key
+// and answers 502 "declined <run>" as text/plain.
+func declining(runs *int32) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		n := atomic.AddInt32(runs, 1)
 		write(r, r.Header.Get("X-Key"))
+		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusBadGateway)
 		fmt.Fprintf(w, "declined %d", n)
-	})
-	c := keyed(uniqueKey(t), `{}`)
+	}
+}
+
+// wantReleasedTwice sends c twice to srv, whose handler is declining: each
+// attempt runs, answers its own 502 and leaves neither its key nor its writes.
+func wantReleasedTwice(t *testing.T, srv *httptest.Server, c call) {
+	t.Helper()
 	for i := 1; i <= 2; i++ {
 		r := send(t, srv, c)
 		if r.status != 502 || string(r.body) != fmt.Sprintf("declined %d", i) ||
@@ -414,6 +421,49 @@ func TestMiddlewareServerErrorRollsBackAndReleases(t *testing.T) {
 	if n := writesOf(t, c.header["X-Key"]); n != 0 {
 		t.Fatalf("%d writes of failed requests committed", n)
 	}
+}
+
+func TestMiddlewareServerErrorRollsBackAndReleases(t *testing.T) {
+	pools := map[string]Pool{"default": pool,
+		"store_server_errors off": settingsPool(t, map[string]string{"idempotency.store_server_errors": "off"})}
+	for name, db := range pools {
+		t.Run(name, func(t *testing.T) {
+			var runs int32
+			wantReleasedTwice(t, serve(t, db, Options{}, declining(&runs)), keyed(uniqueKey(t), `{}`))
+		})
+	}
+}
+
+func TestMiddlewareStoreServerErrorsReplaysA5xx(t *testing.T) {
+	var runs int32
+	on := settingsPool(t, map[string]string{"idempotency.store_server_errors": "on"})
+	srv := serve(t, on, Options{}, declining(&runs))
+	c := keyed(uniqueKey(t), `{}`)
+	first := send(t, srv, c)
+	if first.status != 502 || string(first.body) != "declined 1" || first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %d %v %q", first.status, first.header, first.body)
+	}
+	if rec, err := Lookup(ctx, pool, aliceScope, c.header["X-Key"]); err != nil || rec == nil ||
+		rec.State != "completed" || rec.StatusCode != 502 {
+		t.Fatalf("record after the 502: %+v %v", rec, err)
+	}
+	again := send(t, srv, c)
+	if again.status != 502 || !bytes.Equal(again.body, first.body) ||
+		again.header.Get("Idempotent-Replayed") != "true" || again.header.Get("Content-Type") != "text/plain" {
+		t.Fatalf("retry: %d %v %q", again.status, again.header, again.body)
+	}
+	if runs != 1 || writesOf(t, c.header["X-Key"]) != 0 {
+		t.Fatalf("%d runs, %d writes; want 1 run and its writes rolled back", runs, writesOf(t, c.header["X-Key"]))
+	}
+}
+
+// A 5xx over idempotency.max_response_bytes cannot be stored (54000): it is
+// released instead, and the handler's answer still goes out.
+func TestMiddlewareStoreServerErrorsTooLargeIsReleased(t *testing.T) {
+	var runs int32
+	small := settingsPool(t, map[string]string{"idempotency.store_server_errors": "on",
+		"idempotency.max_response_bytes": "8"})
+	wantReleasedTwice(t, serve(t, small, Options{}, declining(&runs)), keyed(uniqueKey(t), `{}`))
 }
 
 func TestMiddlewarePanicRollsBackAndReleases(t *testing.T) {
@@ -510,8 +560,15 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 // readOnlyPool is a pool on DATABASE_URL whose transactions are read only,
 // so that every claim fails (25006) while the database answers.
 func readOnlyPool(t *testing.T) *pgxpool.Pool {
+	return settingsPool(t, map[string]string{"default_transaction_read_only": "on"})
+}
+
+// settingsPool is a pool on DATABASE_URL whose sessions start with these settings.
+func settingsPool(t *testing.T, settings map[string]string) *pgxpool.Pool {
 	cfg := pool.Config()
-	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	for name, setting := range settings {
+		cfg.ConnConfig.RuntimeParams[name] = setting
+	}
 	p, err := pgxpool.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
