@@ -168,14 +168,57 @@ def test_a_retry_while_the_first_runs_is_409_then_replays(serve, admin):
     assert pay(client, "slow-1", slow).headers["idempotent-replayed"] == "true"
 
 
+def with_settings(**settings):
+    """DATABASE_URL with these idempotency.* settings in every session it opens."""
+    return make_conninfo(DATABASE_URL, options=" ".join(
+        f"-c idempotency.{name}={setting}" for name, setting in settings.items()))
+
+
 @pytest.mark.parametrize("failure", [{"fail": True}, {"raise": True}])
-def test_a_server_error_rolls_back_and_releases_the_key(serve, admin, failure):
-    client = serve()
+@pytest.mark.parametrize("settings", [{}, {"store_server_errors": "off"}])
+def test_a_server_error_rolls_back_and_releases_the_key(serve, admin, failure, settings):
+    client = serve(conninfo=with_settings(**settings))
     first = pay(client, "fail-1", {"amount": 40, **failure})
     assert first.status_code == 500
     assert value(admin, "SELECT count(*) FROM idempotency.lookup(%s, %s)", "fail-1", scope_of(ALICE)) == 0
     again = pay(client, "fail-1", {"amount": 40, **failure})
     assert again.status_code == 500 and "idempotent-replayed" not in again.headers
+    if "fail" in failure:  # the body names the charge: the retry ran and charged anew
+        assert again.content != first.content
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+
+
+def test_with_store_server_errors_a_server_error_is_stored_and_replayed(serve, admin):
+    client = serve(conninfo=with_settings(store_server_errors="on"))
+    first = pay(client, "fail-2", {"amount": 40, "fail": True})
+    assert first.status_code == 500 and "idempotent-replayed" not in first.headers
+    assert value(admin, "SELECT status_code FROM idempotency.lookup(%s, %s) WHERE state = 'completed'",
+                 "fail-2", scope_of(ALICE)) == 500
+    again = pay(client, "fail-2", {"amount": 40, "fail": True})
+    assert again.status_code == 500
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert again.headers["content-type"] == first.headers["content-type"]
+    assert value(admin, "SELECT count(*) FROM charges") == 0, "its writes still rolled back"
+
+
+def test_with_store_server_errors_a_handler_that_raises_still_releases(serve, admin):
+    client = serve(conninfo=with_settings(store_server_errors="on"))
+    assert pay(client, "raise-1", {"raise": True}).status_code == 500
+    assert value(admin, "SELECT count(*) FROM idempotency.lookup(%s, %s)", "raise-1", scope_of(ALICE)) == 0
+    again = pay(client, "raise-1", {"raise": True})
+    assert again.status_code == 500 and "idempotent-replayed" not in again.headers
+
+
+def test_with_store_server_errors_a_server_error_too_large_to_store_is_released(serve, admin):
+    client = serve(conninfo=with_settings(store_server_errors="on", max_response_bytes=8))
+    first = pay(client, "big-1", {"amount": 40, "fail": True})
+    assert first.status_code == 500, "the handler's answer, not a 503"
+    assert b"declined" in first.content
+    assert value(admin, "SELECT count(*) FROM idempotency.lookup(%s, %s)", "big-1", scope_of(ALICE)) == 0
+    again = pay(client, "big-1", {"amount": 40, "fail": True})
+    assert again.status_code == 500 and "idempotent-replayed" not in again.headers
+    assert again.content != first.content
     assert value(admin, "SELECT count(*) FROM charges") == 0
 
 

@@ -93,9 +93,9 @@ class IdempotencyMiddleware:
 
     async def _finish(self, conn, pending: contract.Pending,
                       response: contract.Answer) -> contract.Answer:
-        """Ends the app's transaction: complete and commit, or roll back and release."""
+        """Ends the app's transaction: complete and commit, or (5xx) roll back and abandon."""
         if response.status >= 500:
-            await self._abandon(conn, pending)
+            await self._abandon(conn, pending, response)
             return response
         try:
             if pending.fence is None:
@@ -113,13 +113,34 @@ class IdempotencyMiddleware:
             return contract.unavailable(err)
         return response
 
-    async def _abandon(self, conn, pending: contract.Pending) -> None:
-        """Rolls the app's writes back and frees the key for the next retry."""
+    async def _abandon(self, conn, pending: contract.Pending,
+                       failed: Optional[contract.Answer] = None) -> None:
+        """Rolls the app's writes back and ends the claim: a 5xx response
+        (failed) goes to complete, which releases the key or, with
+        idempotency.store_server_errors on, stores the response; otherwise,
+        or when complete fails, the key is released for the next retry."""
         try:
             await conn.rollback()
-            if pending.fence is not None:
-                await self.client.release(pending.key, pending.fence, scope=pending.scope,
-                                          conn=conn, commit=True)
+        except psycopg.Error as err:
+            contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
+            return  # a broken connection: the key frees itself when its lease ends
+        if pending.fence is None:
+            return
+        if failed is not None:
+            try:
+                await self.client.complete(
+                    pending.key, pending.fence, failed.status, failed.body,
+                    contract.headers_to_store(failed.headers, self.options),
+                    scope=pending.scope, conn=conn, commit=True)
+                return
+            except ClaimLost:
+                return  # a retry owns the key: nothing of ours to free
+            except psycopg.Error as err:  # 54000 (too large to store) among others
+                contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
+                                   pending.key, failed.status, err)
+        try:
+            await self.client.release(pending.key, pending.fence, scope=pending.scope,
+                                      conn=conn, commit=True)
         except psycopg.Error as err:
             contract.log.error("idempotency: could not release %r: %s", pending.key, err)
 

@@ -58,7 +58,7 @@ class Record:
     fingerprint: bytes
     state: str
     attempt: int
-    lease: timedelta
+    lease: Optional[timedelta]          # None once completed
     lease_expires_at: Optional[datetime]
     recovery_point: Optional[str]
     recovery_state: Any

@@ -81,14 +81,17 @@ class Idempotency:
         return None
 
     def _after(self, response):
-        """Ends the view's transaction: complete and commit, or roll back and release."""
-        pending = g.pop("idempotency", None)
+        """Ends the view's transaction: complete and commit; a 5xx is left to _teardown."""
+        pending = g.get("idempotency")
         conn = g.get("db")
         if pending is None or conn is None:
             return response
         if response.status_code >= 500:
-            self._abandon(conn, pending)
+            # _teardown ends it: there Flask says whether the view raised.
+            g.idempotency_failed = contract.Answer(response.status_code, list(response.headers.items()),
+                                                   response.get_data())
             return response
+        g.pop("idempotency")
         try:
             if pending.fence is None:
                 conn.commit()
@@ -105,24 +108,46 @@ class Idempotency:
             return _response(contract.unavailable(err))
         return response
 
-    def _abandon(self, conn, pending: contract.Pending) -> None:
-        """Rolls the view's writes back and frees the key for the next retry."""
+    def _abandon(self, conn, pending: contract.Pending,
+                 failed: Optional[contract.Answer] = None) -> None:
+        """Rolls the view's writes back and ends the claim: a 5xx response
+        (failed) goes to complete, which releases the key or, with
+        idempotency.store_server_errors on, stores the response; otherwise,
+        or when complete fails, the key is released for the next retry."""
         try:
             conn.rollback()
-            if pending.fence is not None:
-                self.client.release(pending.key, pending.fence, scope=pending.scope,
-                                    conn=conn, commit=True)
+        except psycopg.Error as err:
+            contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
+            return  # a broken connection: the key frees itself when its lease ends
+        if pending.fence is None:
+            return
+        if failed is not None:
+            try:
+                self.client.complete(pending.key, pending.fence, failed.status, failed.body,
+                                     contract.headers_to_store(failed.headers, self.options),
+                                     scope=pending.scope, conn=conn, commit=True)
+                return
+            except ClaimLost:
+                return  # a retry owns the key: nothing of ours to free
+            except psycopg.Error as err:  # 54000 (too large to store) among others
+                contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
+                                   pending.key, failed.status, err)
+        try:
+            self.client.release(pending.key, pending.fence, scope=pending.scope,
+                                conn=conn, commit=True)
         except psycopg.Error as err:
             contract.log.error("idempotency: could not release %r: %s", pending.key, err)
 
-    def _teardown(self, _exc) -> None:
-        """Returns the connection to the pool; a view that raised is abandoned."""
+    def _teardown(self, exc) -> None:
+        """Returns the connection to the pool, after ending a claim still
+        pending: a view that raised releases it; a 5xx it answered goes to complete."""
         conn = g.pop("db", None)
         if conn is None:
             return
         pending = g.pop("idempotency", None)
+        failed = g.pop("idempotency_failed", None)
         if pending is not None:
-            self._abandon(conn, pending)
+            self._abandon(conn, pending, failed if exc is None else None)
         try:
             conn.rollback()
             conn.autocommit = g.pop("db_autocommit")
