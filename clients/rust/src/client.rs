@@ -104,7 +104,8 @@ pub struct Record {
     pub fingerprint: Vec<u8>,
     pub state: State,
     pub attempt: i32,
-    pub lease: Duration,
+    /// While in progress: the lease length the claim asked for (`None` once completed).
+    pub lease: Option<Duration>,
     /// While in progress: when the owner is presumed dead.
     pub lease_expires_at: Option<SystemTime>,
     pub recovery_point: Option<String>,
@@ -173,7 +174,7 @@ where
         fingerprint: row.try_get(2)?,
         state: if state == "completed" { State::Completed } else { State::InProgress },
         attempt: row.try_get(4)?,
-        lease: Duration::from_micros(row.try_get::<_, i64>(5)?.max(0) as u64),
+        lease: row.try_get::<_, Option<i64>>(5)?.map(|us| Duration::from_micros(us.max(0) as u64)),
         lease_expires_at: row.try_get(6)?,
         recovery_point: row.try_get(7)?,
         recovery_state: row.try_get(8)?,

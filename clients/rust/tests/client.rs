@@ -109,7 +109,7 @@ async fn a_takeover_gets_the_checkpoint_and_fences_out_the_first_owner() {
     first.checkpoint(&db, "charged", Some(&json!({"charge": 7}))).await.unwrap();
     let record = lookup(&db, &key, Some("s")).await.unwrap().unwrap();
     assert_eq!(record.recovery_point.as_deref(), Some("charged"));
-    assert_eq!(record.lease, Duration::from_millis(300));
+    assert_eq!(record.lease, Some(Duration::from_millis(300)));
 
     tokio::time::sleep(Duration::from_millis(450)).await; // the 300 ms lease ends
     let second = claim_new(&db, &key, &fp, &options).await;
@@ -162,6 +162,7 @@ async fn lookup_shows_a_record_as_claim_sees_it() {
     assert_eq!(running.state, State::InProgress);
     assert!(running.response.is_none());
     assert!(running.lease_expires_at.is_some());
+    assert!(running.lease.is_some());
     assert_eq!(running.fingerprint, fp);
     assert_eq!(running.attempt, 1);
 
@@ -173,6 +174,7 @@ async fn lookup_shows_a_record_as_claim_sees_it() {
     assert_eq!((response.status_code, response.body.as_slice()), (202, &b"queued"[..]));
     assert_eq!(response.headers, [("location".to_owned(), "/jobs/1".to_owned())]);
     assert!(done.completed_at.is_some());
+    assert!(done.lease.is_none() && done.lease_expires_at.is_none(), "a completed record has no lease");
     assert_eq!(done.expires_at.duration_since(done.created_at).unwrap(), Duration::from_secs(3600));
 }
 
