@@ -1,18 +1,21 @@
-"""What the Flask middleware costs per request: database round trips and
-latency, fresh and replayed, against the example app without it.
+"""What the Flask and ASGI middlewares cost per request: database round
+trips and latency, fresh and replayed, against the same route without them.
 
-    DATABASE_URL=... /usr/bin/python3 clients/python/bench/overhead.py [REQUESTS]
+    DATABASE_URL=... /usr/bin/python3 clients/python/bench/overhead.py [REQUESTS] [flask|asgi]...
 
-The example app (examples/python/app.py) is served as it is ("guarded"), and
-its payment view again without the middleware ("plain": a pooled connection
-per request, committed after the view), each by werkzeug in a process of its
-own on 127.0.0.1. One client sends REQUESTS (default 2000) sequential
-requests of each kind (plain; guarded fresh; guarded replayed) and prints
-the median and 90th percentile. The kinds take turns, 100 requests at a
-time after 20 untimed, so that other load on the machine weighs on each
-alike. Round trips are counted apart, in process, from the libpq trace of a
-one-connection pool (the trace slows requests, so it is off while timing),
-for the ASGI middleware too.
+Flask: the example app (examples/python/app.py) is served as it is
+("guarded"), and its payment view again without the middleware ("plain": a
+pooled connection per request, committed after the view), each by werkzeug
+in a process of its own on 127.0.0.1. ASGI: a FastAPI payment route behind
+IdempotencyMiddleware, and the same route without it (a pooled connection
+per request, committed when the route returns), each by uvicorn in a
+process of its own. One client sends REQUESTS (default 2000) sequential
+requests of each kind (plain; guarded fresh; guarded replayed) of each
+framework named (default both) and prints the median and 90th percentile.
+The kinds take turns, 100 requests at a time after 20 untimed, so that
+other load on the machine weighs on each alike. Round trips are counted
+apart, in process, from the libpq trace of a one-connection pool (the trace
+slows requests, so it is off while timing).
 """
 
 import asyncio
@@ -67,13 +70,55 @@ def plain_app(pool):
     return plain
 
 
+def asgi_app(pool, guarded):
+    """A FastAPI payment route like the example's view: behind the ASGI
+    middleware (guarded), or on a pooled connection committed when it returns."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from pg_idempotency.asgi import IdempotencyMiddleware
+
+    app = FastAPI()
+    if guarded:
+        app.add_middleware(IdempotencyMiddleware, pool=pool)
+
+    async def charge(db, request):
+        """Inserts the charge; returns the 201 answer."""
+        amount = (await request.json())["amount"]
+        cur = await db.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id", (amount,))
+        return JSONResponse({"charge": (await cur.fetchone())[0]}, status_code=201)
+
+    @app.post("/payments")
+    async def pay(request: Request):
+        """Charges in the middleware's transaction, or in one of its own."""
+        if guarded:
+            return await charge(request.state.db, request)
+        async with pool.connection() as conn:  # BEGIN ... COMMIT on leaving
+            return await charge(conn, request)
+
+    @app.get("/")
+    async def health():
+        """Answers without the database."""
+        return {"status": "ok"}
+    return app
+
+
 def serve(mode, port):
-    """Serves one app on 127.0.0.1:port until killed."""
+    """Serves one app (flask-guarded, flask-plain, asgi-guarded, asgi-plain)
+    on 127.0.0.1:port until killed."""
+    framework, kind = mode.split("-")
+    if framework == "asgi":
+        import uvicorn
+        pool = AsyncConnectionPool(os.environ["DATABASE_URL"], min_size=2, max_size=10, open=False)
+        app = asgi_app(pool, kind == "guarded")
+        app.router.on_startup.append(pool.open)
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                      access_log=False)).run()
+        return
     from werkzeug.serving import make_server
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     import app as example
     example.pool.open(wait=True)
-    app = example.app if mode == "guarded" else plain_app(example.pool)
+    app = example.app if kind == "guarded" else plain_app(example.pool)
     make_server("127.0.0.1", port, app, threaded=True).serve_forever()
 
 
@@ -116,7 +161,10 @@ def timings(port, count, keys):
 
 def round_trips(pool, send, count=50):
     """Returns the round trips per request of send(): ReadyForQuery messages
-    in the libpq trace of the pool's one connection."""
+    in the libpq trace of the pool's one connection, after 10 untraced (a
+    replayed key is then stored, and the statements prepared)."""
+    for _ in range(10):
+        assert send().status_code == 201
     with tempfile.TemporaryFile("w+") as trace:
         with pool.connection() as conn:
             conn.pgconn.trace(trace.fileno())
@@ -129,7 +177,7 @@ def round_trips(pool, send, count=50):
 
 
 def count_round_trips():
-    """Round trips of a fresh and a replayed request, guarded and plain, Flask and ASGI."""
+    """Round trips of a fresh and a replayed request, guarded, and of a plain one, Flask and ASGI."""
     import app as example
     url = os.environ["DATABASE_URL"]
     headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
@@ -145,51 +193,46 @@ def count_round_trips():
         counts["flask replay"] = round_trips(pool, lambda: client.post(
             "/payments", data=BODY, headers={**headers, "Idempotency-Key": "replayed"}))
         plain = plain_app(pool).test_client()
-        counts["plain"] = round_trips(pool, lambda: plain.post("/payments", data=BODY, headers=headers))
+        counts["flask plain"] = round_trips(pool, lambda: plain.post("/payments", data=BODY, headers=headers))
     counts.update(asyncio.run(asgi_round_trips(url, headers)))
     return counts
 
 
 async def asgi_round_trips(url, headers):
-    """Round trips of the ASGI middleware on a FastAPI app, fresh and replayed."""
+    """Round trips of the ASGI route, plain and behind the middleware (fresh and replayed)."""
     import httpx
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
-    from pg_idempotency.asgi import IdempotencyMiddleware
 
     async with AsyncConnectionPool(url, min_size=1, max_size=1) as pool:
-        app = FastAPI()
-        app.add_middleware(IdempotencyMiddleware, pool=pool)
-
-        @app.post("/payments")
-        async def pay(request: Request):
-            """Charges, like the example's view."""
-            amount = (await request.json())["amount"]
-            cur = await request.state.db.execute(
-                "INSERT INTO charges (amount) VALUES (%s) RETURNING id", (amount,))
-            return JSONResponse({"charge": (await cur.fetchone())[0]}, status_code=201)
-
-        async def count(key):
+        async def count(app, key):
             """Round trips per request of 50 requests with key() (async trace as above)."""
-            with tempfile.TemporaryFile("w+") as trace:
-                async with pool.connection() as conn:
-                    conn.pgconn.trace(trace.fileno())
-                async with httpx.AsyncClient(app=app, base_url="http://bench") as client:
+            async with httpx.AsyncClient(app=app, base_url="http://bench") as client:
+                async def send():
+                    """Sends one payment."""
+                    key_header = {"Idempotency-Key": key()} if key else {}
+                    response = await client.post("/payments", content=BODY,
+                                                 headers={**headers, **key_header})
+                    assert response.status_code == 201
+                for _ in range(10):
+                    await send()
+                with tempfile.TemporaryFile("w+") as trace:
+                    async with pool.connection() as conn:
+                        conn.pgconn.trace(trace.fileno())
                     for _ in range(50):
-                        response = await client.post("/payments", content=BODY,
-                                          headers={**headers, "Idempotency-Key": key()})
-                        assert response.status_code == 201
-                async with pool.connection() as conn:
-                    conn.pgconn.untrace()
-                trace.seek(0)
-                return sum("\tReadyForQuery\t" in line for line in trace) / 50
-        return {"asgi fresh": await count(lambda: uuid.uuid4().hex),
-                "asgi replay": await count(lambda: "replayed")}
+                        await send()
+                    async with pool.connection() as conn:
+                        conn.pgconn.untrace()
+                    trace.seek(0)
+                    return sum("\tReadyForQuery\t" in line for line in trace) / 50
+        guarded = asgi_app(pool, True)
+        return {"asgi plain": await count(asgi_app(pool, False), None),
+                "asgi fresh": await count(guarded, lambda: uuid.uuid4().hex),
+                "asgi replay": await count(guarded, lambda: "replayed")}
 
 
 def main():
     """Measures and prints the table."""
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    frameworks = sys.argv[2:] or ["flask", "asgi"]
     import psycopg
     with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
         conn.execute("""CREATE TABLE IF NOT EXISTS charges (
@@ -197,29 +240,32 @@ def main():
                             amount numeric NOT NULL,
                             created_at timestamptz NOT NULL DEFAULT now())""")
     trips = count_round_trips()
-    plain, plain_port = start("plain")
-    guarded, guarded_port = start("guarded")
-    kinds = {"plain": (plain_port, lambda: None),
-             "flask fresh": (guarded_port, lambda: uuid.uuid4().hex),
-             "flask replay": (guarded_port, lambda: "replayed")}
-    results = {kind: [] for kind in kinds}
+    servers, kinds = [], {}
+    run = uuid.uuid4().hex  # replayed keys of this run only
     try:
+        for framework in frameworks:
+            plain, plain_port = start(f"{framework}-plain")
+            guarded, guarded_port = start(f"{framework}-guarded")
+            servers += [plain, guarded]
+            kinds[f"{framework} plain"] = (plain_port, lambda: None)
+            kinds[f"{framework} fresh"] = (guarded_port, lambda: uuid.uuid4().hex)
+            kinds[f"{framework} replay"] = (guarded_port, lambda framework=framework: f"{run}-{framework}")
+        results = {kind: [] for kind in kinds}
         # Rounds of 100 of each kind in turn, so that the load of the machine
         # weighs on every kind alike.
         for _ in range(max(1, count // BATCH)):
             for kind, (port, keys) in kinds.items():
                 results[kind] += timings(port, BATCH, keys)
     finally:
-        for process in (plain, guarded):
+        for process in servers:
             process.kill()
             process.wait()
-    print(f"{len(results['plain'])} sequential requests of each kind, latency in µs:")
+    print(f"{count // BATCH * BATCH} sequential requests of each kind, latency in µs:")
     print(f"{'request':<14}{'median':>8}{'p90':>8}{'round trips':>13}")
-    for kind in ("plain", "flask fresh", "flask replay", "asgi fresh", "asgi replay"):
-        lat = results.get(kind)
-        median = f"{statistics.median(lat):8.0f}" if lat else f"{'':>8}"
-        p90 = f"{statistics.quantiles(lat, n=10)[-1]:8.0f}" if lat else f"{'':>8}"
-        print(f"{kind:<14}{median}{p90}{trips[kind]:13.1f}")
+    for kind, lat in results.items():
+        median = statistics.median(lat)
+        p90 = statistics.quantiles(lat, n=10)[-1]
+        print(f"{kind:<14}{median:8.0f}{p90:8.0f}{trips[kind]:13.1f}")
 
 
 if __name__ == "__main__":
