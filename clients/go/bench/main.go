@@ -1,0 +1,338 @@
+// Command overhead measures what the middleware costs per request: database
+// round trips and latency of a fresh request and of a replay, against the
+// same route without the middleware. Run it with clients/go/bench/overhead,
+// which builds it (GOPATH mode, Debian's Go):
+//
+//	DATABASE_URL=... clients/go/bench/overhead [REQUESTS]
+//
+// The payment route (insert a charge, answer 201 {"charge": id}) is served
+// twice, each by net/http in a process of its own on 127.0.0.1: "guarded",
+// behind the middleware, writing through idempotency.Tx; and "plain", in a
+// transaction of its own per request (BEGIN, insert, COMMIT), as the
+// middleware would give it. One client sends REQUESTS (default 2000)
+// sequential requests of each kind (plain; guarded with a fresh key; guarded
+// with a replayed key) over one kept-alive connection per server. The kinds
+// take turns, 100 timed requests at a time after 20 untimed, so that other
+// load on the machine weighs on each alike; it prints the median and 90th
+// percentile. Each server counts the ReadyForQuery messages its pool's
+// connections receive, one per round trip (a count of the bytes read, cheap
+// enough to stay on while timing); GET /stats reports the count.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idempotency/idempotency/clients/go/idempotency"
+	"github.com/jackc/pgx/v4"
+	"github.com/jackc/pgx/v4/pgxpool"
+)
+
+const (
+	warmup = 20  // untimed requests before each batch
+	batch  = 100 // timed requests of one kind in a row
+	body   = `{"amount":10}`
+)
+
+// main runs the benchmark, or with "serve MODE" one of its servers.
+func main() {
+	log.SetFlags(0)
+	if len(os.Args) == 3 && os.Args[1] == "serve" {
+		serve(os.Args[2])
+		return
+	}
+	requests := 2000
+	if len(os.Args) > 1 {
+		n, err := strconv.Atoi(os.Args[1])
+		if err != nil || n < batch {
+			log.Fatalf("usage: overhead [REQUESTS, at least %d]", batch)
+		}
+		requests = n
+	}
+	run(requests / batch)
+}
+
+// kind is one kind of request: the server it goes to and its keys.
+type kind struct {
+	name      string
+	server    *server
+	key       func() string // "" sends no Idempotency-Key
+	latencies []time.Duration
+	trips     int64 // round trips during the timed requests
+}
+
+// run sends batches rounds of each kind and prints the table.
+func run(batches int) {
+	plain, guarded := start("plain"), start("guarded")
+	defer plain.stop()
+	defer guarded.stop()
+	replayed := "replay-" + random()
+	kinds := []*kind{
+		{name: "plain", server: plain, key: func() string { return "" }},
+		{name: "fresh", server: guarded, key: func() string { return "fresh-" + random() }},
+		{name: "replay", server: guarded, key: func() string { return replayed }},
+	}
+	for b := 0; b < batches; b++ {
+		for _, k := range kinds {
+			for i := 0; i < warmup; i++ {
+				k.server.pay(k.key())
+			}
+			before := k.server.stats()
+			for i := 0; i < batch; i++ {
+				k.latencies = append(k.latencies, k.server.pay(k.key()))
+			}
+			k.trips += k.server.stats() - before
+		}
+	}
+	fmt.Printf("%d sequential requests of each kind, latency in µs:\n", batches*batch)
+	fmt.Printf("%-10s%8s%8s%13s\n", "request", "median", "p90", "round trips")
+	for _, k := range kinds {
+		sort.Slice(k.latencies, func(i, j int) bool { return k.latencies[i] < k.latencies[j] })
+		fmt.Printf("%-10s%8.0f%8.0f%13.1f\n", k.name, micros(quantile(k.latencies, 0.5)),
+			micros(quantile(k.latencies, 0.9)), float64(k.trips)/float64(len(k.latencies)))
+	}
+}
+
+// quantile returns the q-quantile of sorted durations (linear interpolation).
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	pos := q * float64(len(sorted)-1)
+	i := int(pos)
+	if i+1 >= len(sorted) {
+		return sorted[len(sorted)-1]
+	}
+	return sorted[i] + time.Duration((pos-float64(i))*float64(sorted[i+1]-sorted[i]))
+}
+
+// micros is d in microseconds.
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// random returns 12 random hex digits.
+func random() string {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		log.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// server is a server process and a client with one connection to it.
+type server struct {
+	cmd    *exec.Cmd
+	stdin  io.Closer // the server exits when it closes, as when this process ends
+	url    string
+	client *http.Client
+}
+
+// start runs this program as the server of mode; returns once it listens.
+func start(mode string) *server {
+	self, err := os.Executable()
+	if err != nil {
+		log.Fatal(err)
+	}
+	cmd := exec.Command(self, "serve", mode)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		log.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		cmd.Process.Kill()
+		log.Fatalf("the %s server did not start: %v", mode, err)
+	}
+	transport := &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}
+	return &server{cmd: cmd, stdin: stdin, url: "http://" + strings.TrimSpace(line), client: &http.Client{Transport: transport}}
+}
+
+// stop ends the server process.
+func (s *server) stop() {
+	s.stdin.Close()
+	s.cmd.Wait()
+}
+
+// pay sends one payment (key "" sends none); returns its latency.
+func (s *server) pay(key string) time.Duration {
+	req, err := http.NewRequest(http.MethodPost, s.url+"/payments", strings.NewReader(body))
+	if err != nil {
+		log.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer bench")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	began := time.Now()
+	resp, err := s.client.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	elapsed := time.Since(began)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		log.Fatalf("POST /payments: %d %v", resp.StatusCode, err)
+	}
+	return elapsed
+}
+
+// stats returns the round trips the server has made so far.
+func (s *server) stats() int64 {
+	resp, err := s.client.Get(s.url + "/stats")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var n int64
+	if _, err := fmt.Fscan(resp.Body, &n); err != nil {
+		log.Fatal(err)
+	}
+	return n
+}
+
+// readyForQuery counts the ReadyForQuery messages of every connection.
+var readyForQuery int64
+
+// serve serves the payment route of mode (guarded or plain) on 127.0.0.1
+// and prints its address; it exits when its standard input closes.
+func serve(mode string) {
+	go func() { // the benchmark has ended, or died
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Plain text, so that the messages can be counted; on 127.0.0.1 anyway.
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+	dialer := &net.Dialer{KeepAlive: 5 * time.Minute}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &countingConn{Conn: conn}, nil
+	}
+	pool, err := pgxpool.ConnectConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS charges (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		amount numeric NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now())`)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var payments http.Handler
+	if mode == "guarded" {
+		payments = idempotency.Middleware(pool, idempotency.Options{})(http.HandlerFunc(
+			func(w http.ResponseWriter, r *http.Request) { charge(w, r, idempotency.Tx(r.Context())) }))
+	} else {
+		payments = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := pool.Begin(r.Context())
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			defer tx.Rollback(context.Background())
+			if charge(w, r, tx) {
+				tx.Commit(r.Context())
+			}
+		})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/payments", payments)
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, atomic.LoadInt64(&readyForQuery))
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(l.Addr())
+	log.Fatal(http.Serve(l, mux))
+}
+
+// charge inserts the request's charge through tx and answers 201 (500 when
+// the insert fails); true when it charged.
+func charge(w http.ResponseWriter, r *http.Request, tx pgx.Tx) bool {
+	var payment struct{ Amount float64 }
+	if err := json.NewDecoder(r.Body).Decode(&payment); err != nil || payment.Amount <= 0 {
+		http.Error(w, "amount must be a positive number", http.StatusBadRequest)
+		return false
+	}
+	var id int64
+	err := tx.QueryRow(r.Context(), `INSERT INTO charges (amount) VALUES ($1) RETURNING id`,
+		payment.Amount).Scan(&id)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return false
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"charge":%d}`, id)
+	return true
+}
+
+// countingConn counts the ReadyForQuery ('Z') messages the server sends. It
+// follows the message framing (a type byte, a 4-byte length that counts
+// itself, the rest) across reads; the connection is plain text from its
+// first byte, since no SSLRequest is sent.
+type countingConn struct {
+	net.Conn
+	header [5]byte
+	have   int   // bytes of header read so far
+	skip   int64 // bytes of the current message's body still to pass
+}
+
+// Read reads from the server and counts the messages that ended in it.
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	for b := p[:n]; len(b) > 0; {
+		if c.skip > 0 {
+			step := int64(len(b))
+			if step > c.skip {
+				step = c.skip
+			}
+			c.skip -= step
+			b = b[step:]
+			continue
+		}
+		m := copy(c.header[c.have:], b)
+		c.have += m
+		b = b[m:]
+		if c.have == len(c.header) {
+			if c.header[0] == 'Z' {
+				atomic.AddInt64(&readyForQuery, 1)
+			}
+			c.skip = int64(binary.BigEndian.Uint32(c.header[1:])) - 4
+			c.have = 0
+		}
+	}
+	return n, err
+}
