@@ -41,8 +41,9 @@
 #define WAIT_MAX_SLEEP_MS 1000
 
 /*
- * A write that took longer than this waited for another transaction: the
- * claim's lease then restarts when it won.  Leases are far longer.
+ * An update (reset, takeover) that took longer than this waited for another
+ * transaction's write of the row: the claim's lease then restarts when it
+ * won.  Leases are far longer.
  */
 #define WRITE_DELAY_RESTAMP_US 1000
 
@@ -144,9 +145,12 @@ decide(const IdemRecord *rec, bool found, Oid caller, TimestampTz now, ClaimResu
 }
 
 /*
- * Makes the write of step; fills in a `new` answer and returns true when it
- * won.  A write kept waiting by another transaction (of the same record)
- * restarts the lease, and for a new record its life, when it won.
+ * Makes the write of step at now; fills in a `new` answer and returns true
+ * when it won.  An update kept waiting by another transaction's write of the
+ * row restarts the lease, and for a reset record its life, when it won.  An
+ * insert never waits (a conflict makes it fail, and the claim waits and
+ * reads again): it needs no such restamp, which on a busy machine a mere
+ * preemption would trigger.
  */
 static bool
 write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord *rec,
@@ -187,6 +191,8 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 	}
 	r->outcome = CLAIM_NEW;
 
+	if (step == STEP_INSERT)
+		return true;
 	won = GetCurrentTimestamp();
 	if (won - now > WRITE_DELAY_RESTAMP_US)
 	{
@@ -241,6 +247,8 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 				continue;
 			}
 		}
+		/* The clock after the read, whatever lock it waited for: a lease starts when it is won. */
+		*now = GetCurrentTimestamp();
 		if (write_claim(step, a, call, &rec, *now, r))
 			return;
 

@@ -197,31 +197,37 @@ $$;
 -- 1 client, docs/sharding.md); lookup stays SQL, as PL/pgSQL refuses an
 -- argument and a result column of one name.
 
+-- claim's row, as on the shards.
+CREATE TYPE idempotency.claim_result AS (
+	outcome        text,
+	fence          bigint,
+	attempt        integer,
+	status_code    integer,
+	headers        jsonb,
+	body           bytea,
+	recovery_point text,
+	recovery_state jsonb,
+	retry_after    integer,
+	created_at     timestamptz);
+COMMENT ON TYPE idempotency.claim_result IS 'The answer of idempotency.claim()';
+
 CREATE FUNCTION idempotency.claim(
 	key text,
 	fingerprint bytea,
 	scope text DEFAULT NULL,
 	lease interval DEFAULT NULL,
 	retention interval DEFAULT NULL,
-	wait interval DEFAULT NULL,
-	OUT outcome text,
-	OUT fence bigint,
-	OUT attempt integer,
-	OUT status_code integer,
-	OUT headers jsonb,
-	OUT body bytea,
-	OUT recovery_point text,
-	OUT recovery_state jsonb,
-	OUT retry_after integer,
-	OUT created_at timestamptz)
-RETURNS record
+	wait interval DEFAULT NULL)
+RETURNS idempotency.claim_result
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+DECLARE
+	result idempotency.claim_result;
 BEGIN
-	SELECT * INTO outcome, fence, attempt, status_code, headers, body,
-		recovery_point, recovery_state, retry_after, created_at
+	SELECT * INTO result
 	FROM idempotency._proxy_claim(key, fingerprint,
 		idempotency._proxy_scope(scope), lease, retention, wait);
+	RETURN result;
 END
 $$;
 

@@ -16,7 +16,7 @@
  *
  * A record belongs to the role that claimed it, and is seen only by roles
  * that have the privileges of that owner: for any other role it is as if
- * it were in another scope.  The primary key is (scope, key, owner).
+ * it were in another scope.  The primary key is (key, scope, owner).
  *
  * The unique index decides every race: INSERT ... ON CONFLICT, and UPDATEs
  * whose WHERE clause repeats their condition, wait for a concurrent writer

@@ -237,10 +237,11 @@ begin_key_scan(Relation rel, Relation pk, Snapshot snapshot, text *scope, text *
 	ScanKeyData skey[2];
 	IndexScanDesc scan;
 
+	/* The primary key is (key, scope, owner). */
 	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(scope));
-	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
 						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(key));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(scope));
 	scan = index_beginscan(rel, pk, snapshot, 2, 0);
 	index_rescan(scan, skey, 2, NULL, 0);
 	return scan;
