@@ -20,10 +20,11 @@
 #   CLIENTS=4 THREADS=2    pgbench clients and threads
 #   BATCH=10000            idempotency.reaper_batch
 #   SYNC=on                synchronous_commit of the pgbench clients
-#   INDEX=btree            how expired records are found: btree (as shipped),
-#                          brin (BRIN on expires_at instead) or none
+#   INDEX=second           how expired records are found: second (as shipped:
+#                          a btree on the second each expires), btree (on
+#                          expires_at itself), brin (on expires_at) or none
 #   MODE=reap              or claims: claim+complete tps with each index
-#                          (none, btree, brin) in alternation, on a table of
+#                          (none, second, btree, brin) in alternation, on a table of
 #                          LIVE live records
 #   NO_BUILD=1             use the installed extension, do not build it
 #   KEEP=1                 keep the cluster's directory
@@ -41,7 +42,7 @@ CLIENTS=${CLIENTS:-4}
 THREADS=${THREADS:-2}
 BATCH=${BATCH:-10000}
 SYNC=${SYNC:-on}
-INDEX=${INDEX:-btree}
+INDEX=${INDEX:-second}
 PGPORT_REAP=${PGPORT_REAP:-54339}
 MODE=${MODE:-reap}
 
@@ -94,15 +95,18 @@ start_cluster() {
 	rpsql -c 'CREATE EXTENSION idempotency'
 }
 
-# Makes the index on expires_at a btree (as shipped), a BRIN, or none.
+# Makes the reaper's index the shipped one (a btree on the second each record
+# expires), a btree on expires_at itself, a BRIN, or none.
 set_index() {
 	rpsql -c 'SET client_min_messages = warning' \
-		-c 'DROP INDEX IF EXISTS idempotency.keys_expires_at_idx'
+		-c 'DROP INDEX IF EXISTS idempotency.keys_expires_at_idx' \
+		-c 'DROP INDEX IF EXISTS idempotency.keys_expiry_second_idx'
 	case $1 in
+		second) rpsql -c 'CREATE INDEX keys_expiry_second_idx ON idempotency.keys (idempotency._expiry_second(expires_at))' ;;
 		btree) rpsql -c 'CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at)' ;;
 		brin) rpsql -c 'CREATE INDEX keys_expires_at_idx ON idempotency.keys USING brin (expires_at)' ;;
 		none) ;;
-		*) echo "INDEX must be btree, brin or none" >&2; exit 2 ;;
+		*) echo "INDEX must be second, btree, brin or none" >&2; exit 2 ;;
 	esac
 }
 
@@ -194,25 +198,30 @@ claim_tps() {
 # set, then claim+complete tps for DURATION seconds.
 bench_claims() {
 	local -A tps
-	local round idx run=0
-	echo "claim cost of the expires_at index: LIVE=$LIVE ROUNDS=$ROUNDS" \
+	local round idx run=0 kinds="none second btree brin" line
+	echo "claim cost of the reaper's index: LIVE=$LIVE ROUNDS=$ROUNDS" \
 		"DURATION=$DURATION CLIENTS=$CLIENTS THREADS=$THREADS SYNC=$SYNC, $(nproc) cores"
 	for round in $(seq 1 "$ROUNDS"); do
-		for idx in none btree brin; do
+		line="round $round:"
+		for idx in $kinds; do
 			set_index none
 			ROWS=0 load_expired
 			set_index "$idx"
 			rpsql -c 'CHECKPOINT'
 			run=$((run + 1))
 			tps[$idx]+=" $(claim_tps "$run")"
+			line+=" $idx ${tps[$idx]##* }"
 		done
-		echo "round $round: none ${tps[none]##* }, btree ${tps[btree]##* }, brin ${tps[brin]##* }"
+		echo "$line"
 	done
-	local none btree brin
-	none=$(median ${tps[none]}) btree=$(median ${tps[btree]}) brin=$(median ${tps[brin]})
-	echo "median tps: none $none, btree $btree ($(awk -v a="$btree" -v b="$none" \
-		'BEGIN { printf "%.3f", a / b }')x), brin $brin ($(awk -v a="$brin" -v b="$none" \
-		'BEGIN { printf "%.3f", a / b }')x)"
+	line="median tps:"
+	local none
+	none=$(median ${tps[none]})
+	for idx in $kinds; do
+		line+=" $idx $(median ${tps[$idx]}) ($(awk -v a="$(median ${tps[$idx]})" -v b="$none" \
+			'BEGIN { printf "%.3f", a / b }')x)"
+	done
+	echo "$line"
 }
 
 # Prints the median of its arguments.
