@@ -18,9 +18,10 @@
  * that have the privileges of that owner: for any other role it is as if
  * it were in another scope.  The primary key is (key, scope, owner).
  *
- * The unique index decides every race: INSERT ... ON CONFLICT, and UPDATEs
- * whose WHERE clause repeats their condition, wait for a concurrent writer
- * of the same record as PostgreSQL makes them.  A claim that must bound
+ * The unique index decides every race: claim's speculative insertion
+ * (keysheap.c) fails on a concurrent writer's record, and UPDATEs whose
+ * WHERE clause repeats their condition wait for a concurrent writer of the
+ * same record as PostgreSQL makes them.  A claim that must bound
  * that wait (its `wait`) finds the writing transaction first, with a dirty
  * read, and waits for it here, where a timeout can be caught.
  *-------------------------------------------------------------------------
@@ -88,14 +89,14 @@
 #define OWNED_BY_FENCE KEY_IS " AND fence" EQ "$3 AND state" EQ IN_PROGRESS " AND " SEEN_BY("$4")
 /* The records that claim treats as absent and reap may delete, at time $n. */
 #define EXPIRED_AT(n) "expires_at" LE n " AND (state" EQ COMPLETED " OR lease_expires_at" LE n ")"
+/* The key of the reaper's index (keys_expiry_second_idx). */
+#define EXPIRY_SECOND(t) "idempotency._expiry_second(" t ")"
 /*
  * The lease's end becomes e, never earlier, and the record's expiry moves
  * later by as much as the lease's end did: a response stored at the end of
  * a renewed or taken-over lease is kept as long as one stored at the end of
  * the first (retention minus lease), never stored already expired.
  */
-/* The key of the reaper's index (keys_expiry_second_idx). */
-#define EXPIRY_SECOND(t) "idempotency._expiry_second(" t ")"
 #define LEASE_ENDS(e) "lease_expires_at = GREATEST(lease_expires_at, " e "),"\
 	" expires_at = expires_at" PLUS "GREATEST((" e ")" MINUS "lease_expires_at, '0'::pg_catalog.interval)"
 
