@@ -3,35 +3,36 @@
 
 MODULE_big = idempotency
 OBJS = \
-	args.o \
-	citus.o \
-	claim.o \
-	fingerprint.o \
-	guclist.o \
-	headers.o \
-	idempotency.o \
-	keys.o \
-	keysheap.o \
-	reaper.o \
-	record.o \
-	shard.o \
-	stats.o \
-	wait.o
+	src/args.o \
+	src/citus.o \
+	src/claim.o \
+	src/fingerprint.o \
+	src/guclist.o \
+	src/headers.o \
+	src/idempotency.o \
+	src/keys.o \
+	src/keysheap.o \
+	src/reaper.o \
+	src/record.o \
+	src/shard.o \
+	src/stats.o \
+	src/wait.o
 PGFILEDESC = "idempotency - idempotency keys for HTTP APIs"
 
 EXTENSION = idempotency idempotency_proxy
-DATA = idempotency--1.0.sql
-DATA += idempotency--1.0--1.1.sql idempotency_proxy--1.1.sql
+DATA = sql/idempotency--1.0.sql
+DATA += sql/idempotency--1.0--1.1.sql sql/idempotency_proxy--1.1.sql
 
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 SHLIB_LINK = -lcrypto
 
 # Every test runs against a server that has the library preloaded.
-REGRESS = $(basename $(notdir $(sort $(wildcard sql/*.sql))))
-REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/preload.conf
-ISOLATION = $(basename $(notdir $(sort $(wildcard specs/*.spec))))
-ISOLATION_OPTS = --temp-instance=tmp_check_isolation --temp-config=test/preload.conf
-TAP_TESTS := $(if $(wildcard t/*.pl),1,)
+REGRESS = $(basename $(notdir $(sort $(wildcard test/sql/*.sql))))
+REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/preload.conf
+ISOLATION = $(basename $(notdir $(sort $(wildcard test/specs/*.spec))))
+ISOLATION_OPTS = --inputdir=test --temp-instance=tmp_check_isolation --temp-config=test/preload.conf
+TAP_TESTS := $(if $(wildcard test/t/*.pl),1,)
+PROVE_TESTS ?= test/t/*.pl
 
 EXTRA_CLEAN = tmp_check_regress tmp_check_isolation output_iso
 

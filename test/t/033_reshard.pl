@@ -20,7 +20,7 @@ plan skip_all => $missing if $missing;
 plan skip_all => 'scripts/reshard needs psycopg 3 (Debian package python3-psycopg)'
   if system('/usr/bin/python3', '-c', 'import psycopg') != 0;
 
-my $reshard = "$FindBin::RealBin/../scripts/reshard";
+my $reshard = "$FindBin::RealBin/../../scripts/reshard";
 my $c = proxy_cluster(shards => 4, partitions => 2);
 my $proxy = $c->{proxy};
 my @shards = @{ $c->{shards} };

@@ -10,7 +10,7 @@ use warnings FATAL => 'all';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use lib 't';
+use lib 'test/t';
 use IdemCrash;
 
 my $node = idem_node('two_phase');

@@ -28,7 +28,7 @@ for my $line (split /\n/, $nm)
 is(join(' ', @bare), '', 'every exported symbol is prefixed idem_ or idempotency_');
 
 # Every operator in the install scripts is written OPERATOR(pg_catalog.x).
-for my $script (glob('idempotency*.sql'))
+for my $script (glob('sql/idempotency*.sql'))
 {
 	my $sql = slurp_file($script);
 	$sql =~ s/^\\.*$//mg;                          # psql meta-commands
