@@ -216,3 +216,15 @@ idem_arg_wait_ms(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 				 errmsg("argument \"%s\" must not be negative", "wait")));
 	return (double) (end - now) / 1000.0;
 }
+
+/*
+ * Returns the token argument, NULL when it is NULL or absent (claim of
+ * version 1.1, whose SQL function has no such argument).
+ */
+pg_uuid_t *
+idem_arg_token(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return NULL;
+	return PG_GETARG_UUID_P(argno);
+}

@@ -110,11 +110,13 @@ typedef struct ApiFunction
 {
 	const char *name;
 	int			nargs;
-	Oid			argtypes[6];
+	Oid			argtypes[7];
 	int			scope_argno;
 } ApiFunction;
 
+/* claim has two forms: the library may be newer than the extension's objects (1.1). */
 static const ApiFunction api_functions[] = {
+	{"claim", 7, {TEXTOID, BYTEAOID, TEXTOID, INTERVALOID, INTERVALOID, INTERVALOID, UUIDOID}, 2},
 	{"claim", 6, {TEXTOID, BYTEAOID, TEXTOID, INTERVALOID, INTERVALOID, INTERVALOID}, 2},
 	{"complete", 6, {TEXTOID, INT8OID, INT4OID, BYTEAOID, JSONBOID, TEXTOID}, 5},
 	{"release", 3, {TEXTOID, INT8OID, TEXTOID}, 2},
@@ -483,7 +485,7 @@ null_scope_guard(PlannerInfo *root, UpperRelationKind stage, RelOptInfo *input_r
 		return;
 	if (!api_oids_valid)
 		api_oids_load();
-	if (!OidIsValid(api_oids[0]))
+	if (!OidIsValid(api_oids[0]) && !OidIsValid(api_oids[1]))
 		return;					/* the extension is not installed in this database */
 	(void) null_scope_walker((Node *) root->parse->targetList, NULL);
 	foreach(lc, root->parse->rtable)

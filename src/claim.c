@@ -12,6 +12,14 @@
  * transaction made moot sends the claim round again.  A write kept waiting
  * restarts its lease when it wins.  Replays, mismatches and in_progress
  * answers write nothing.
+ *
+ * A claim with a token (1.2) that finds the live claim of its own role,
+ * fingerprint and token answers `new` again, with that claim's fence and
+ * attempt, and writes nothing: it is the same attempt asking again after
+ * losing the answer.  It first waits for a transaction that is writing the
+ * record (its own lost complete, say), as a write would, and answers from
+ * what committed.  Any other record goes as without a token; the token is
+ * written with each `new` (insert, reset, takeover) and cleared by complete.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -69,6 +77,7 @@ enum
 typedef enum ClaimStep
 {
 	STEP_ANSWER,				/* replay, in_progress or mismatch: no write */
+	STEP_RESUME,				/* `new` again for the token's claim: no write */
 	STEP_INSERT,				/* no record the caller sees, or another's expired one */
 	STEP_RESET,					/* the caller's own expired record */
 	STEP_TAKEOVER				/* a lease that ended */
@@ -81,6 +90,7 @@ typedef struct ClaimArgs
 	bytea	   *fingerprint;
 	Interval   *lease;
 	Interval   *retention;
+	pg_uuid_t  *token;			/* NULL when none */
 	uint64		keyhash;
 } ClaimArgs;
 
@@ -88,6 +98,7 @@ typedef struct ClaimResult
 {
 	ClaimOutcome outcome;
 	bool		takeover;
+	bool		resumed;
 	/* for in_progress: when the lease ends; DT_NOBEGIN while not yet committed */
 	TimestampTz lease_expires_at;
 	Datum		values[NUM_OUT];
@@ -112,12 +123,21 @@ set_out_varlena(ClaimResult *r, int col, void *value)
 		set_out(r, col, PointerGetDatum(value));
 }
 
+/* Tells whether rec is the live claim that the caller's token made. */
+static bool
+is_token_claim(const IdemRecord *rec, const pg_uuid_t *token, Oid caller)
+{
+	return token != NULL && rec->has_token && rec->owner == caller &&
+		memcmp(rec->token.data, token->data, UUID_LEN) == 0;
+}
+
 /*
  * Decides what the record (found or not) tells the claim at time now; for
  * an answer, fills it in.
  */
 static ClaimStep
-decide(const IdemRecord *rec, bool found, Oid caller, TimestampTz now, ClaimResult *r)
+decide(const IdemRecord *rec, bool found, const pg_uuid_t *token, Oid caller,
+	   TimestampTz now, ClaimResult *r)
 {
 	if (!found)
 		return STEP_INSERT;
@@ -133,6 +153,16 @@ decide(const IdemRecord *rec, bool found, Oid caller, TimestampTz now, ClaimResu
 		set_out(r, OUT_STATUS_CODE, Int32GetDatum(rec->status_code));
 		set_out_varlena(r, OUT_HEADERS, rec->headers);
 		set_out_varlena(r, OUT_BODY, rec->body);
+	}
+	else if (rec->lease_expires_at > now && is_token_claim(rec, token, caller))
+	{
+		r->outcome = CLAIM_NEW;
+		r->resumed = true;
+		set_out(r, OUT_FENCE, Int64GetDatum(rec->fence));
+		set_out(r, OUT_ATTEMPT, Int32GetDatum(rec->attempt));
+		set_out_varlena(r, OUT_RECOVERY_POINT, rec->recovery_point);
+		set_out_varlena(r, OUT_RECOVERY_STATE, rec->recovery_state);
+		return STEP_RESUME;
 	}
 	else if (rec->lease_expires_at > now)
 	{
@@ -167,9 +197,9 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 		case STEP_RESET:
 			if (!(step == STEP_INSERT ?
 				  idem_keys_insert(call, a->scope, a->key, a->fingerprint,
-								   a->lease, a->retention, now, &fence) :
+								   a->lease, a->retention, a->token, now, &fence) :
 				  idem_keys_reset(call, a->scope, a->key, a->fingerprint, rec->fence,
-								  a->lease, a->retention, now, &fence)))
+								  a->lease, a->retention, a->token, now, &fence)))
 				return false;
 			set_out(r, OUT_FENCE, Int64GetDatum(fence));
 			set_out(r, OUT_ATTEMPT, Int32GetDatum(1));
@@ -177,7 +207,7 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 			break;
 		case STEP_TAKEOVER:
 			if (!idem_keys_takeover(call, a->scope, a->key, rec->owner, rec->fence,
-									a->lease, now, &t))
+									a->lease, a->token, now, &t))
 				return false;
 			set_out(r, OUT_FENCE, Int64GetDatum(t.fence));
 			set_out(r, OUT_ATTEMPT, Int32GetDatum(t.attempt));
@@ -187,6 +217,7 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 			r->takeover = true;
 			break;
 		case STEP_ANSWER:
+		case STEP_RESUME:
 			elog(ERROR, "a claim's answer is not a write");
 	}
 	r->outcome = CLAIM_NEW;
@@ -206,11 +237,11 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 
 /*
  * Decides one claim.  When another transaction is writing the record (an
- * uncommitted claim or complete of the same key), a claim that must write
- * waits for it and answers from what committed.  With writer_timeout_ms >=
- * 0 (the claim's `wait`) it first finds that transaction and waits for it
- * at most that long, then answers in_progress; otherwise its write waits as
- * long as lock_timeout allows.
+ * uncommitted claim or complete of the same key), a claim that must write,
+ * or resume, waits for it and answers from what committed.  With
+ * writer_timeout_ms >= 0 (the claim's `wait`) it first finds that
+ * transaction and waits for it at most that long, then answers in_progress;
+ * otherwise its write (or resumption) waits as long as lock_timeout allows.
  */
 static void
 claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, TimestampTz *now,
@@ -226,11 +257,28 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 
 		memset(r->nulls, true, sizeof(r->nulls));
 		r->takeover = false;
+		r->resumed = false;
 
 		found = idem_keys_fetch(call, a->scope, a->key, a->fingerprint, *now, &rec);
-		step = decide(&rec, found, call->caller, *now, r);
+		step = decide(&rec, found, a->token, call->caller, *now, r);
 		if (step == STEP_ANSWER)
 			return;
+		if (step == STEP_RESUME)
+		{
+			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
+
+			if (!TransactionIdIsValid(writer))
+				return;
+			if (!idem_wait_for_xact(writer, writer_timeout_ms))
+			{
+				r->outcome = CLAIM_IN_PROGRESS;
+				r->resumed = false;
+				r->lease_expires_at = DT_NOBEGIN;
+				return;
+			}
+			*now = GetCurrentTimestamp();
+			continue;
+		}
 		if (writer_timeout_ms >= 0)
 		{
 			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
@@ -300,7 +348,7 @@ count_claim(const ClaimResult *r, bool waited)
 		IDEM_CLAIMS_NEW, IDEM_CLAIMS_REPLAY, IDEM_CLAIMS_IN_PROGRESS, IDEM_CLAIMS_MISMATCH
 	};
 
-	idem_stats_add(counters[r->outcome], 1);
+	idem_stats_add(r->resumed ? IDEM_CLAIMS_RESUMED : counters[r->outcome], 1);
 	if (r->takeover)
 		idem_stats_add(IDEM_TAKEOVERS, 1);
 	if (waited)
@@ -399,9 +447,10 @@ claim_and_wait(const ClaimArgs *a, IdemCall *call, double wait_ms, TimestampTz *
 }
 
 /*
- * claim(key, fingerprint, scope, lease, retention, wait): decides whether to
- * run a request; with wait, an in_progress answer first waits for up to
- * that long.
+ * claim(key, fingerprint, scope, lease, retention, wait, token): decides
+ * whether to run a request; with wait, an in_progress answer first waits for
+ * up to that long; with token, a claim whose answer was lost is answered
+ * again.
  */
 Datum
 idempotency_claim(PG_FUNCTION_ARGS)
@@ -425,6 +474,7 @@ idempotency_claim(PG_FUNCTION_ARGS)
 				 errmsg("retention must not be shorter than the lease"),
 				 errdetail("A response stored at the end of the lease must still be there to be replayed.")));
 	wait_ms = idem_arg_wait_ms(fcinfo, 5, now);
+	a.token = idem_arg_token(fcinfo, 6);
 	a.keyhash = idem_key_hash(a.scope, a.key);
 
 	tupdesc = claim_result_desc(fcinfo);
@@ -442,7 +492,7 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	idem_citus_floor_fences();
 	waited = claim_and_wait(&a, &call, wait_ms, &now, &r);
 	idem_call_end(&call);
-	if (r.outcome == CLAIM_NEW && synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
+	if (r.outcome == CLAIM_NEW && !r.resumed && synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
 		idem_keys_flush_fence();
 
 	if (r.outcome == CLAIM_IN_PROGRESS)

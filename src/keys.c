@@ -99,6 +99,12 @@
  */
 #define LEASE_ENDS(e) "lease_expires_at = GREATEST(lease_expires_at, " e "),"\
 	" expires_at = expires_at" PLUS "GREATEST((" e ")" MINUS "lease_expires_at, '0'::pg_catalog.interval)"
+/*
+ * Sets the claim's token to parameter n; left out of the plan on a table of
+ * version 1.1, which has no such column (the library may be newer than the
+ * extension's objects until ALTER EXTENSION UPDATE).
+ */
+#define SET_TOKEN(n) " token = " n ","
 
 typedef enum PlanId
 {
@@ -117,27 +123,27 @@ typedef struct PlanDef
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[9];
+	Oid			argtypes[10];
 } PlanDef;
 
 static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_RESET] = {
 		"UPDATE idempotency.keys SET fingerprint = $4, state = " IN_PROGRESS ","
-		" fence = $9, attempt = 1, lease = $5, lease_expires_at = $7" PLUS "$5,"
+		" fence = $9," SET_TOKEN("$10") " attempt = 1, lease = $5, lease_expires_at = $7" PLUS "$5,"
 		" recovery_point = NULL, recovery_state = NULL, status_code = NULL,"
 		" headers = NULL, body = NULL, created_at = $7, completed_at = NULL,"
 		" expires_at = $7" PLUS "$6"
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$8 AND " EXPIRED_AT("$7"),
-		9, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID,
-		INT8OID, INT8OID}
+		10, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID,
+		INT8OID, INT8OID, UUIDOID}
 	},
 	[PLAN_TAKEOVER] = {
-		"UPDATE idempotency.keys SET fence = $7, attempt = attempt" PLUS "1,"
+		"UPDATE idempotency.keys SET fence = $7," SET_TOKEN("$8") " attempt = attempt" PLUS "1,"
 		" lease = $5, " LEASE_ENDS("$6" PLUS "$5")
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4 AND state" EQ IN_PROGRESS
 		" AND lease_expires_at" LE "$6 AND NOT (" EXPIRED_AT("$6") ")"
 		" RETURNING attempt, recovery_point, recovery_state, created_at",
-		7, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, INT8OID}
+		8, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, INT8OID, UUIDOID}
 	},
 	[PLAN_RESTAMP] = {
 		"UPDATE idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
@@ -188,6 +194,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 typedef struct PlanSet
 {
 	char		name[IDEM_REL_NAME_SIZE];	/* hash key */
+	bool		has_token;		/* whether the plans set the token */
 	SPIPlanPtr	plans[NUM_PLANS];
 } PlanSet;
 
@@ -226,6 +233,7 @@ static const char *const column_names[IDEM_NUM_COLS] = {
 	[IDEM_COL_RECOVERY_STATE] = "recovery_state",
 	[IDEM_COL_HEADERS] = "headers",
 	[IDEM_COL_BODY] = "body",
+	[IDEM_COL_TOKEN] = "token",
 };
 static bool catalog_valid = false;
 
@@ -279,7 +287,8 @@ api_user_invalidate(Datum arg, int cacheid, uint32 hashvalue)
 
 /*
  * Describes a relation that holds records (idempotency.keys or a shard of
- * it): its OID, its name for SQL, and the numbers of its columns.
+ * it): its OID, its name for SQL, and the numbers of its columns (token's
+ * InvalidAttrNumber on a table of version 1.1).
  */
 void
 idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
@@ -293,7 +302,7 @@ idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
 	for (int i = 0; i < IDEM_NUM_COLS; i++)
 	{
 		out->att[i] = attnameAttNum(rel, column_names[i], false);
-		if (out->att[i] == InvalidAttrNumber)
+		if (out->att[i] == InvalidAttrNumber && i != IDEM_COL_TOKEN)
 			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
 	}
 }
@@ -506,22 +515,31 @@ idem_wait_for_xact(TransactionId xid, long timeout_ms)
 	return ended;
 }
 
-/* Returns the SQL of a plan for relation name: the plan's own with name for idempotency.keys. */
+/*
+ * Returns the SQL of a plan for relation rel: the plan's own with rel's name
+ * for idempotency.keys, and without SET_TOKEN when rel has no token column.
+ */
 static char *
-plan_sql(const char *sql, const char *name)
+plan_sql(const char *sql, const IdemKeysRel *rel)
 {
 	static const char table[] = "idempotency.keys";
+	static const char token[] = " token = $";	/* how SET_TOKEN begins */
+	bool		has_token = rel->att[IDEM_COL_TOKEN] != InvalidAttrNumber;
 	StringInfoData buf;
-	const char *hit;
 
 	initStringInfo(&buf);
-	while ((hit = strstr(sql, table)) != NULL)
+	while (*sql)
 	{
-		appendBinaryStringInfo(&buf, sql, hit - sql);
-		appendStringInfoString(&buf, name);
-		sql = hit + strlen(table);
+		if (strncmp(sql, table, strlen(table)) == 0)
+		{
+			appendStringInfoString(&buf, rel->name);
+			sql += strlen(table);
+		}
+		else if (!has_token && strncmp(sql, token, strlen(token)) == 0)
+			sql = strchr(sql, ',') + 1;
+		else
+			appendStringInfoChar(&buf, *sql++);
 	}
-	appendStringInfoString(&buf, sql);
 	return buf.data;
 }
 
@@ -543,13 +561,25 @@ plan_for(PlanId id, const IdemKeysRel *rel)
 		}
 		set = hash_search(plan_sets, rel->name, HASH_ENTER, &found);
 		if (!found)
+		{
 			memset(set->plans, 0, sizeof(set->plans));
+			set->has_token = false;
+		}
 		last_plan_set = set;
+	}
+	/* ALTER EXTENSION UPDATE made the table again, with the token column. */
+	if (set->has_token != (rel->att[IDEM_COL_TOKEN] != InvalidAttrNumber))
+	{
+		for (int i = 0; i < NUM_PLANS; i++)
+			if (set->plans[i])
+				SPI_freeplan(set->plans[i]);
+		memset(set->plans, 0, sizeof(set->plans));
+		set->has_token = !set->has_token;
 	}
 	if (set->plans[id] == NULL)
 	{
 		const PlanDef *def = &plan_defs[id];
-		char	   *sql = plan_sql(def->sql, rel->name);
+		char	   *sql = plan_sql(def->sql, rel);
 		SPIPlanPtr	plan = SPI_prepare(sql, def->nargs, (Oid *) def->argtypes);
 
 		if (plan == NULL)
@@ -692,20 +722,22 @@ idempotency_expiry_second(PG_FUNCTION_ARGS)
 
 /*
  * Makes the caller's expired record of (scope, key), whose fence is
- * old_fence, a new claim; returns whether it was still that record and
- * expired, and the new fence.
+ * old_fence, a new claim with token (NULL: none); returns whether it was
+ * still that record and expired, and the new fence.
  */
 bool
 idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint, int64 old_fence,
-				Interval *lease, Interval *retention, TimestampTz now, int64 *fence)
+				Interval *lease, Interval *retention, const pg_uuid_t *token,
+				TimestampTz now, int64 *fence)
 {
 	int64		new_fence = idem_keys_next_fence(old_fence + 1);
-	Datum		values[9] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[10] = {PointerGetDatum(scope), PointerGetDatum(key),
 		ObjectIdGetDatum(call->caller), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
 		IntervalPGetDatum(retention), TimestampTzGetDatum(now), Int64GetDatum(old_fence),
-	Int64GetDatum(new_fence)};
+	Int64GetDatum(new_fence), UUIDPGetDatum(token)};
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', token ? ' ' : 'n'};
 
-	if (run_plan(PLAN_RESET, call, values, NULL, false) != 1)
+	if (run_plan(PLAN_RESET, call, values, nulls, false) != 1)
 		return false;
 	*fence = new_fence;
 	return true;
@@ -713,20 +745,22 @@ idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint, int6
 
 /*
  * Takes over the claim that fence held, if its lease has still ended and
- * it is still that fence's: a new fence, one more attempt, the recovery
- * point kept.  Returns whether it did.
+ * it is still that fence's: a new fence and the taker's token (NULL: none),
+ * one more attempt, the recovery point kept.  Returns whether it did.
  */
 bool
 idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
-				   Interval *lease, TimestampTz now, IdemTakeover *result)
+				   Interval *lease, const pg_uuid_t *token, TimestampTz now,
+				   IdemTakeover *result)
 {
 	int64		new_fence = idem_keys_next_fence(fence + 1);
-	Datum		values[7] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[8] = {PointerGetDatum(scope), PointerGetDatum(key),
 		ObjectIdGetDatum(owner), Int64GetDatum(fence), IntervalPGetDatum(lease),
-	TimestampTzGetDatum(now), Int64GetDatum(new_fence)};
+	TimestampTzGetDatum(now), Int64GetDatum(new_fence), UUIDPGetDatum(token)};
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', token ? ' ' : 'n'};
 	bool		isnull;
 
-	if (run_plan(PLAN_TAKEOVER, call, values, NULL, false) != 1)
+	if (run_plan(PLAN_TAKEOVER, call, values, nulls, false) != 1)
 		return false;
 	result->fence = new_fence;
 	result->attempt = DatumGetInt32(result_col(1, &isnull));

@@ -15,6 +15,7 @@
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 #include "utils/relcache.h"
+#include "utils/uuid.h"
 
 /* The columns of idempotency.keys. */
 typedef enum IdemKeysColumn
@@ -36,6 +37,7 @@ typedef enum IdemKeysColumn
 	IDEM_COL_RECOVERY_STATE,
 	IDEM_COL_HEADERS,
 	IDEM_COL_BODY,
+	IDEM_COL_TOKEN,				/* from 1.2: InvalidAttrNumber in att[] before */
 	IDEM_NUM_COLS
 } IdemKeysColumn;
 
@@ -92,6 +94,12 @@ typedef struct IdemRecord
 	TimestampTz lease_expires_at;	/* DT_NOBEGIN when NULL (completed) */
 	TimestampTz expires_at;
 	TimestampTz created_at;
+	int32		attempt;
+	/* An in-progress record's claim token; its recovery point too when it has one. */
+	bool		has_token;
+	pg_uuid_t	token;
+	text	   *recovery_point; /* NULL when none */
+	Jsonb	   *recovery_state; /* NULL when none */
 	/* The stored response: read for a completed record of the same fingerprint. */
 	int32		status_code;
 	Jsonb	   *headers;		/* NULL when none */
@@ -123,10 +131,10 @@ extern void idem_keys_flush_fence(void);
 
 extern bool idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 							int64 old_fence, Interval *lease, Interval *retention,
-							TimestampTz now, int64 *fence);
+							const pg_uuid_t *token, TimestampTz now, int64 *fence);
 extern bool idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner,
-							   int64 fence, Interval *lease, TimestampTz now,
-							   IdemTakeover *result);
+							   int64 fence, Interval *lease, const pg_uuid_t *token,
+							   TimestampTz now, IdemTakeover *result);
 extern void idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
 							  TimestampTz now, Interval *retention);
 

@@ -311,7 +311,11 @@ is_live_for(const IdemCall *call, TupleTableSlot *slot, TimestampTz now)
 	return rank == 0 || rank == 1;
 }
 
-/* Fills rec from the record in slot; the response too when claim will replay it. */
+/*
+ * Fills rec from the record in slot: the response too when claim will
+ * replay it, the token and recovery point of an in-progress one that has a
+ * token (so that its owner's claim can be answered again).
+ */
 static void
 read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, IdemRecord *rec)
 {
@@ -330,8 +334,24 @@ read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, Idem
 	rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
 	rec->expires_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_EXPIRES_AT));
 	rec->created_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_CREATED_AT));
+	rec->attempt = DatumGetInt32(slot_col(call, slot, IDEM_COL_ATTEMPT));
+	rec->has_token = false;
+	rec->recovery_point = NULL;
+	rec->recovery_state = NULL;
 	rec->headers = NULL;
 	rec->body = NULL;
+	if (!rec->completed && call->rel.att[IDEM_COL_TOKEN] != InvalidAttrNumber)
+	{
+		Datum		token = slot_getattr(slot, call->rel.att[IDEM_COL_TOKEN], &isnull);
+
+		if (!isnull)
+		{
+			rec->has_token = true;
+			rec->token = *DatumGetUUIDP(token);
+			rec->recovery_point = (text *) slot_varlena(call, slot, IDEM_COL_RECOVERY_POINT);
+			rec->recovery_state = (Jsonb *) slot_varlena(call, slot, IDEM_COL_RECOVERY_STATE);
+		}
+	}
 	if (rec->completed && rec->same_fingerprint)
 	{
 		rec->status_code = DatumGetInt32(slot_col(call, slot, IDEM_COL_STATUS_CODE));
@@ -478,14 +498,14 @@ insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative, bool su
 }
 
 /*
- * Inserts a new claim of (scope, key) owned by the caller, with a new fence;
- * returns false when a record of (scope, key, caller) exists already, from
- * a committed transaction or one still writing (the caller reads again,
- * after waiting for it).
+ * Inserts a new claim of (scope, key) owned by the caller, with a new fence
+ * and token (NULL: none); returns false when a record of (scope, key,
+ * caller) exists already, from a committed transaction or one still writing
+ * (the caller reads again, after waiting for it).
  */
 bool
 idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Interval *lease,
-				 Interval *retention, TimestampTz now, int64 *fence)
+				 Interval *retention, const pg_uuid_t *token, TimestampTz now, int64 *fence)
 {
 	const IdemKeysCatalog *c = idem_keys_catalog();
 	const AttrNumber *att = call->rel.att;
@@ -494,7 +514,7 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 	Datum	   *values;
 	bool	   *nulls;
 	TupleTableSlot *slot;
-	uint32		token;
+	uint32		spec_token;
 	bool		inserted;
 
 	keys_open(call, &k);
@@ -515,14 +535,16 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 	SET_COL(IDEM_COL_SCOPE, PointerGetDatum(scope));
 	SET_COL(IDEM_COL_KEY, PointerGetDatum(key));
 	SET_COL(IDEM_COL_FINGERPRINT, PointerGetDatum(fingerprint));
+	if (token && att[IDEM_COL_TOKEN] != InvalidAttrNumber)
+		SET_COL(IDEM_COL_TOKEN, UUIDPGetDatum(token));
 #undef SET_COL
 
 	slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
 	ExecStoreHeapTuple(heap_form_tuple(desc, values, nulls), slot, true);
-	token = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
-	table_tuple_insert_speculative(k.rel, slot, GetCurrentCommandId(true), 0, NULL, token);
+	spec_token = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
+	table_tuple_insert_speculative(k.rel, slot, GetCurrentCommandId(true), 0, NULL, spec_token);
 	inserted = insert_index_entries(&k, slot, true, false);
-	table_tuple_complete_speculative(k.rel, slot, token, inserted);
+	table_tuple_complete_speculative(k.rel, slot, spec_token, inserted);
 	SpeculativeInsertionLockRelease(GetCurrentTransactionId());
 
 	ExecDropSingleTupleTableSlot(slot);
@@ -592,6 +614,8 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 	SET_COL(IDEM_COL_COMPLETED_AT, TimestampTzGetDatum(now), false);
 	SET_COL(IDEM_COL_LEASE_EXPIRES_AT, (Datum) 0, true);
 	SET_COL(IDEM_COL_LEASE, (Datum) 0, true);
+	if (att[IDEM_COL_TOKEN] != InvalidAttrNumber)
+		SET_COL(IDEM_COL_TOKEN, (Datum) 0, true);
 #undef SET_COL
 
 	for (;;)

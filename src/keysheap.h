@@ -12,8 +12,8 @@ extern bool idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *finge
 							TimestampTz now, IdemRecord *rec);
 extern TransactionId idem_keys_writer(IdemCall *call, text *scope, text *key);
 extern bool idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint,
-							 Interval *lease, Interval *retention, TimestampTz now,
-							 int64 *fence);
+							 Interval *lease, Interval *retention, const pg_uuid_t *token,
+							 TimestampTz now, int64 *fence);
 extern bool idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence,
 							   int32 status_code, Jsonb *headers, bytea *body,
 							   TimestampTz now);

@@ -134,41 +134,54 @@ idem_stats_reap_succeeded(const char *dbname)
 	SpinLockRelease(&stats->error_lock);
 }
 
+/*
+ * The columns of _stats_counters: the counters of version 1.0, the reaper's
+ * figures, then the counters added since (1.2: claims_resumed), which the
+ * SQL function of an older version lacks.
+ */
+#define OLD_COUNTERS IDEM_CLAIMS_RESUMED
+#define COL_LAST_REAP_AT OLD_COUNTERS
+#define COL_STATS_RESET_AT (OLD_COUNTERS + 1)
+#define COL_LAST_REAP_ERROR (OLD_COUNTERS + 2)
+#define NUM_COLS_1_0 (OLD_COUNTERS + 3)
+#define NUM_COLS (IDEM_NUM_COUNTERS + 3)
+
 /* Returns the counters as one row, all NULL without preloading. */
 Datum
 idempotency_stats_counters(PG_FUNCTION_ARGS)
 {
 	TupleDesc	tupdesc;
-	Datum		values[IDEM_NUM_COUNTERS + 3];
-	bool		nulls[IDEM_NUM_COUNTERS + 3];
+	Datum		values[NUM_COLS];
+	bool		nulls[NUM_COLS];
 	char		error_db[NAMEDATALEN];
 	char		error[sizeof(stats->error)];
 	uint64		ts;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
-	if (tupdesc->natts != lengthof(values))
+	if (tupdesc->natts != NUM_COLS && tupdesc->natts != NUM_COLS_1_0)
 		elog(ERROR, "stats function returns %d columns, expected %d",
-			 tupdesc->natts, (int) lengthof(values));
+			 tupdesc->natts, NUM_COLS);
 
 	memset(nulls, !stats, sizeof(nulls));
 	if (stats)
 	{
 		for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
-			values[i] = Int64GetDatum((int64) pg_atomic_read_u64(&stats->counters[i]));
+			values[i < OLD_COUNTERS ? i : i + 3] =
+				Int64GetDatum((int64) pg_atomic_read_u64(&stats->counters[i]));
 		ts = pg_atomic_read_u64(&stats->last_reap_at);
-		values[IDEM_NUM_COUNTERS] = TimestampTzGetDatum((TimestampTz) ts);
-		nulls[IDEM_NUM_COUNTERS] = (ts == 0);
-		values[IDEM_NUM_COUNTERS + 1] =
+		values[COL_LAST_REAP_AT] = TimestampTzGetDatum((TimestampTz) ts);
+		nulls[COL_LAST_REAP_AT] = (ts == 0);
+		values[COL_STATS_RESET_AT] =
 			TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64(&stats->stats_reset_at));
 		SpinLockAcquire(&stats->error_lock);
 		strlcpy(error_db, stats->error_db, sizeof(error_db));
 		strlcpy(error, stats->error, sizeof(error));
 		SpinLockRelease(&stats->error_lock);
 		if (error[0] != '\0')
-			values[IDEM_NUM_COUNTERS + 2] =
+			values[COL_LAST_REAP_ERROR] =
 				CStringGetTextDatum(psprintf(_("in database \"%s\": %s"), error_db, error));
-		nulls[IDEM_NUM_COUNTERS + 2] = (error[0] == '\0');
+		nulls[COL_LAST_REAP_ERROR] = (error[0] == '\0');
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }

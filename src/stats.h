@@ -24,6 +24,7 @@ typedef enum IdemCounter
 	IDEM_FENCE_REJECTIONS,
 	IDEM_REAPED,
 	IDEM_REAPER_RUNS,
+	IDEM_CLAIMS_RESUMED,		/* 1.2: the last column of _stats_counters */
 	IDEM_NUM_COUNTERS
 } IdemCounter;
 

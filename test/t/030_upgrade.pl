@@ -1,9 +1,12 @@
 # Every version step that the extension directory offers (idempotency--A--B.sql)
 # gives, with ALTER EXTENSION idempotency UPDATE, exactly what a fresh
 # CREATE EXTENSION of B gives: the same member objects, definitions, comments
-# and privileges (the DBA's grants made before the update included).  Records
-# written under A survive the update and still replay; fences keep growing.
-# Every object a step adds has a comment.
+# and privileges (the DBA's grants made before the update included); so does
+# the whole path from the oldest version to the default one, which has an
+# install script of its own.  Records written under A survive the update
+# (columns the update adds are NULL) and still replay; fences keep growing.
+# Every object a step adds has a comment.  A session that ran claims before
+# the update to 1.2 writes tokens after it.
 
 use strict;
 use warnings FATAL => 'all';
@@ -27,6 +30,11 @@ ok(@steps >= 1, 'the extension directory offers version steps: '
 
 my $default = $node->safe_psql('postgres',
 	"SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'");
+ok(-f "$extdir/idempotency--$default.sql",
+	"the default version $default has an install script of its own, "
+	  . 'so that a fresh install is not the update path again');
+# The whole path, in one ALTER EXTENSION UPDATE, when it has several steps.
+push @steps, [ $steps[0][0], $default ] if $steps[0][0] ne $steps[-1][0];
 is( $node->safe_psql(
 		'postgres',
 		"SELECT string_agg(source, ',' ORDER BY source) FROM pg_extension_update_paths('idempotency') "
@@ -148,8 +156,16 @@ ORDER BY 1})
 	];
 }
 
-# The records, every column as text.
-my $records_sql = q{SELECT k::text FROM idempotency.keys k ORDER BY scope, key};
+# The records, every column (of the list $_[0], quoted) as JSON.
+sub records_sql
+{
+	my ($columns) = @_;
+	return qq{SELECT (SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(to_jsonb(k)) e
+						WHERE e.key IN ($columns))::text
+			  FROM idempotency.keys k ORDER BY scope, key};
+}
+my $columns_sql = q{SELECT string_agg(quote_literal(attname), ',') FROM pg_attribute
+					WHERE attrelid = 'idempotency.keys'::regclass AND attnum > 0 AND NOT attisdropped};
 
 my $n = 0;
 foreach my $step (@steps)
@@ -170,7 +186,18 @@ SELECT fence FROM idempotency.claim('done', '\x0a', 'acct_1');
 		  . "'{\"Content-Type\": \"application/octet-stream\"}', 'acct_1')");
 	my $open_fence = $node->safe_psql($up,
 		"SELECT fence FROM idempotency.claim('open', '\\x0b', 'acct_2', lease => '1 hour')");
-	my $records_before = $node->safe_psql($up, $records_sql);
+	# A session that claims (a takeover, an SPI plan) before the update to 1.2.
+	my $session;
+	if ($to eq '1.2')
+	{
+		$session = $node->background_psql($up);
+		$session->query_safe(
+			q{SELECT idempotency.claim('old', '\x0d', 'acct_3', lease => '1 ms');
+			  SELECT pg_sleep(0.01);
+			  SELECT outcome FROM idempotency.claim('old', '\x0d', 'acct_3')});
+	}
+	my $columns_before = $node->safe_psql($up, $columns_sql);
+	my $records_before = $node->safe_psql($up, records_sql($columns_before));
 	$node->safe_psql($up,
 		"CREATE TABLE public.members_before AS SELECT classid, objid FROM pg_depend "
 		  . "WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e' AND refobjid = "
@@ -191,8 +218,31 @@ SELECT fence FROM idempotency.claim('done', '\x0a', 'acct_1');
 	note("$from -> $to adds: " . join(', ', @added));
 	is_deeply(\@uncommented, [], "$from -> $to: every object it adds has a comment");
 
-	is($node->safe_psql($up, $records_sql),
+	is($node->safe_psql($up, records_sql($columns_before)),
 		$records_before, "$from -> $to: the records are unchanged by the update");
+	is( $node->safe_psql(
+			$up,
+			"SELECT count(*) FROM idempotency.keys k, jsonb_each(to_jsonb(k)) e "
+			  . "WHERE e.key NOT IN ($columns_before) AND e.value <> 'null'"),
+		'0',
+		"$from -> $to: the columns it adds are NULL in the records");
+
+	if ($session)
+	{
+		# The takeover's plan, made before the update, must now write the token.
+		my $t1 = '00000000-0000-4000-8000-000000000001';
+		my $t2 = '00000000-0000-4000-8000-000000000002';
+		my $answers = $session->query_safe(
+			qq{SELECT idempotency.claim('tok', '\x0d', 'acct_3', lease => '1 ms', token => '$t1');
+			   SELECT pg_sleep(0.01);
+			   SELECT outcome || ' ' || fence FROM idempotency.claim('tok', '\x0d', 'acct_3', token => '$t2');
+			   SELECT outcome || ' ' || fence FROM idempotency.claim('tok', '\x0d', 'acct_3', token => '$t2')});
+		my @lines = grep { /^new / } split /\n/, $answers;
+		ok(@lines == 2 && $lines[0] eq $lines[1],
+			"$from -> $to: a session older than the update writes the token of a takeover "
+			  . "(its claim is answered again): $answers");
+		$session->quit;
+	}
 	is( $node->safe_psql(
 			$up,
 			"SELECT outcome, status_code, body, headers FROM idempotency.claim('done', '\\x0a', 'acct_1')"),

@@ -118,6 +118,32 @@ is( $shards[1]->safe_psql(
 	'1',
 	'acct_42 (hash 1496260889) is on shard 1');
 
+# --- claim's token (1.2) reaches the shard: the same token is answered again.
+my $tok = '00000000-0000-4000-8000-0000000000aa';
+my $first = on_proxy(
+	"SELECT outcome || ' ' || fence FROM idempotency.claim('tok', '\\x01', 'acct_42', token => '$tok')");
+is( on_proxy(
+		"SELECT outcome || ' ' || fence FROM idempotency.claim('tok', '\\x01', 'acct_42', token => '$tok') "
+		  . "UNION ALL SELECT outcome FROM idempotency.claim('tok', '\\x01', 'acct_42')"),
+	"$first\nin_progress",
+	'through the proxy, the same token is answered new again with its fence, no token in_progress');
+
+# The update of the proxy from 1.1 gives what a fresh 1.2 install gives.
+$proxy->safe_psql('postgres', 'CREATE DATABASE proxy_up');
+$proxy->safe_psql('proxy_up',
+	"CREATE EXTENSION idempotency_proxy VERSION '1.1' CASCADE; "
+	  . "ALTER EXTENSION idempotency_proxy UPDATE TO '1.2'");
+my $definitions_sql = q{
+SELECT string_agg(p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
+		|| replace(pg_get_functiondef(p.oid), E'\n', ' ') || ' '
+		|| coalesce(obj_description(p.oid, 'pg_proc'), '') || ' ' || coalesce(p.proacl::text, ''),
+		E'\n' ORDER BY p.proname, pg_get_function_identity_arguments(p.oid))
+FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace};
+is($proxy->safe_psql('proxy_up', $definitions_sql),
+	on_proxy($definitions_sql),
+	'idempotency_proxy 1.1 -> 1.2: the same functions, definitions, comments and privileges as a fresh 1.2');
+$proxy->safe_psql('postgres', 'DROP DATABASE proxy_up');
+
 # --- The scope: the argument, else the proxy session's setting, else ''.
 on_proxy(
 	"SET idempotency.scope = 'acct_42'; SELECT idempotency.claim('scoped', '\\x01')");

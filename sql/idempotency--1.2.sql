@@ -1,0 +1,467 @@
+/* idempotency--1.2.sql */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+-- The extension makes its own schema, and fails if one by that name exists:
+-- objects someone else put there (an operator, a function) could otherwise
+-- be bound into ours.  For the same reason every name below is qualified,
+-- operators included.
+CREATE SCHEMA idempotency;
+COMMENT ON SCHEMA idempotency IS
+	'Idempotency keys for HTTP APIs; grant USAGE to the roles that use the API';
+
+CREATE TYPE idempotency.state AS ENUM ('in_progress', 'completed');
+COMMENT ON TYPE idempotency.state IS 'State of an idempotency record';
+
+-- Fences come from here: never reused, also not after release or reaping.
+CREATE SEQUENCE idempotency.fence_seq AS bigint;
+COMMENT ON SEQUENCE idempotency.fence_seq IS
+	'Fencing tokens: each claim and takeover takes a new, larger one';
+
+-- The reaper's index key: expires_at in whole seconds.  Records that expire
+-- in the same second share one index entry (btree deduplication), which
+-- makes the index a third of one on expires_at itself.
+CREATE FUNCTION idempotency._expiry_second(expires_at timestamptz)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idempotency_expiry_second'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency._expiry_second(timestamptz) IS
+	'internal: the second in which a record expires, the key of the reaper''s index';
+
+-- The order of the columns: fixed-width ones first, so that the row has no
+-- alignment padding; the ones complete() changes in the middle, so that its
+-- WAL record holds only them (an update logs what differs between the old
+-- and new row after their common beginning and end).  complete() changes no
+-- indexed column, so it is a HOT update whenever the page has room: it
+-- usually has, as complete follows its claim closely (95% HOT measured at
+-- the default fillfactor; 100% at 75 cost 25% more heap).  lease and
+-- lease_expires_at are NULL once the record is completed, and so is token
+-- (claim's token, kept only while in progress): it sits among the columns
+-- complete() changes, so that clearing it adds nothing to complete's WAL
+-- record (last, it would break the common end and log the scope, key and
+-- fingerprint again).
+-- A record belongs to the role that claimed it (owner): other roles see it
+-- only when they have that role's privileges, so owner is part of the key.
+-- The key comes first in it: comparisons in its descents then mostly stop
+-- at the first column, as keys differ and scopes often do not.
+CREATE TABLE idempotency.keys (
+	fence            bigint NOT NULL,
+	created_at       timestamptz NOT NULL,
+	expires_at       timestamptz NOT NULL,
+	attempt          integer NOT NULL,
+	owner            regrole NOT NULL,
+	lease            interval,
+	lease_expires_at timestamptz,
+	token            uuid,
+	completed_at     timestamptz,
+	status_code      integer,
+	state            idempotency.state NOT NULL,
+	headers          jsonb,
+	body             bytea,
+	recovery_point   text,
+	recovery_state   jsonb,
+	scope            text NOT NULL COLLATE pg_catalog."C",
+	key              text NOT NULL COLLATE pg_catalog."C",
+	fingerprint      bytea NOT NULL,
+	PRIMARY KEY (key, scope, owner)
+);
+COMMENT ON TABLE idempotency.keys IS
+	'Idempotency records, one per (scope, key, owner role); read and written only through the API';
+
+CREATE INDEX keys_expiry_second_idx ON idempotency.keys (idempotency._expiry_second(expires_at));
+
+REVOKE ALL ON idempotency.keys FROM PUBLIC;
+REVOKE ALL ON idempotency.fence_seq FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.fence_seq', '');
+
+-- claim's row.  A named type rather than OUT parameters: the executor then
+-- takes the row's descriptor from the type cache at each call, instead of
+-- building it from the function's catalog entry (a tenth of a replay's cost).
+CREATE TYPE idempotency.claim_result AS (
+	outcome        text,
+	fence          bigint,
+	attempt        integer,
+	status_code    integer,
+	headers        jsonb,
+	body           bytea,
+	recovery_point text,
+	recovery_state jsonb,
+	retry_after    integer,
+	created_at     timestamptz);
+COMMENT ON TYPE idempotency.claim_result IS 'The answer of idempotency.claim()';
+
+CREATE FUNCTION idempotency.claim(
+	key text,
+	fingerprint bytea,
+	scope text DEFAULT NULL,
+	lease interval DEFAULT NULL,
+	retention interval DEFAULT NULL,
+	wait interval DEFAULT NULL,
+	token uuid DEFAULT NULL)
+RETURNS idempotency.claim_result
+AS 'MODULE_PATHNAME', 'idempotency_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.claim(text, bytea, text, interval, interval, interval, uuid) IS
+	'Claims an idempotency key: new (run the request), replay, in_progress or mismatch; the same token resumes its own claim';
+
+CREATE FUNCTION idempotency.complete(
+	key text,
+	fence bigint,
+	status_code integer,
+	body bytea DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idempotency_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.complete(text, bigint, integer, bytea, jsonb, text) IS
+	'Stores the response of a claim (stored), or releases it for a 5xx (released)';
+
+CREATE FUNCTION idempotency.release(
+	key text,
+	fence bigint,
+	scope text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idempotency_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.release(text, bigint, text) IS
+	'Deletes a claim so that the next retry runs again; false when the fence no longer owns it';
+
+CREATE FUNCTION idempotency.extend(
+	key text,
+	fence bigint,
+	lease interval DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idempotency_extend'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.extend(text, bigint, interval, text) IS
+	'Renews the lease of a claim; returns when it now ends';
+
+CREATE FUNCTION idempotency.checkpoint(
+	key text,
+	fence bigint,
+	recovery_point text,
+	recovery_state jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idempotency_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.checkpoint(text, bigint, text, jsonb, text) IS
+	'Saves the progress of multi-step work, handed to the next attempt after a takeover, and renews the lease';
+
+-- VOLATILE: it reads the clock, so two calls in one statement may differ.
+CREATE FUNCTION idempotency.lookup(
+	key text,
+	scope text DEFAULT NULL,
+	OUT scope text,
+	OUT key text,
+	OUT fingerprint bytea,
+	OUT state text,
+	OUT attempt integer,
+	OUT lease interval,
+	OUT lease_expires_at timestamptz,
+	OUT recovery_point text,
+	OUT recovery_state jsonb,
+	OUT status_code integer,
+	OUT headers jsonb,
+	OUT body bytea,
+	OUT created_at timestamptz,
+	OUT completed_at timestamptz,
+	OUT expires_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idempotency_lookup'
+LANGUAGE C VOLATILE PARALLEL SAFE ROWS 1;
+COMMENT ON FUNCTION idempotency.lookup(text, text) IS
+	'Shows the record of a key as claim sees it, without its fence; read-only, works on a standby';
+
+CREATE FUNCTION idempotency.fingerprint(
+	method text,
+	path text,
+	body bytea DEFAULT NULL,
+	query text DEFAULT NULL)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idempotency_fingerprint'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.fingerprint(text, text, bytea, text) IS
+	'SHA-256 of a request: method, path, body and query';
+
+CREATE FUNCTION idempotency.fingerprint_json(
+	method text,
+	path text,
+	body jsonb,
+	query text DEFAULT NULL)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idempotency_fingerprint_json'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.fingerprint_json(text, text, jsonb, text) IS
+	'SHA-256 of a request with a JSON body, whatever its key order and whitespace';
+
+CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idempotency_reap'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.reap(integer) IS
+	'Deletes up to batch expired records, oldest first; returns how many';
+
+CREATE FUNCTION idempotency._stats_counters(
+	OUT claims_new bigint,
+	OUT claims_replay bigint,
+	OUT claims_in_progress bigint,
+	OUT claims_mismatch bigint,
+	OUT takeovers bigint,
+	OUT waits bigint,
+	OUT completes_stored bigint,
+	OUT completes_released bigint,
+	OUT releases bigint,
+	OUT fence_rejections bigint,
+	OUT reaped bigint,
+	OUT reaper_runs bigint,
+	OUT last_reap_at timestamptz,
+	OUT stats_reset_at timestamptz,
+	OUT last_reap_error text,
+	OUT claims_resumed bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idempotency_stats_counters'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency._stats_counters() IS
+	'The counters behind idempotency.stats';
+
+CREATE FUNCTION idempotency.stats_reset()
+RETURNS void
+AS 'MODULE_PATHNAME', 'idempotency_stats_reset'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.stats_reset() IS
+	'Zeroes the counters of idempotency.stats';
+
+-- Counters from shared memory, live figures from the table (one scan).
+-- claims_resumed (1.2) comes last: an update can only add a view's columns
+-- at its end.
+CREATE VIEW idempotency.stats AS
+SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
+	c.takeovers, c.waits, c.completes_stored, c.completes_released, c.releases,
+	c.fence_rejections, c.reaped, c.reaper_runs, c.last_reap_at, c.stats_reset_at,
+	c.last_reap_error, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at,
+	c.claims_resumed
+FROM idempotency._stats_counters() c,
+	LATERAL (SELECT pg_catalog.count(*) AS rows_total,
+					pg_catalog.count(*) FILTER (WHERE k.state
+						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
+						AS rows_in_progress,
+					pg_catalog.min(k.lease_expires_at) FILTER (WHERE k.state
+						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
+						AS oldest_lease_expires_at
+			 FROM idempotency.keys k) l;
+COMMENT ON VIEW idempotency.stats IS
+	'Counters of the API since start or stats_reset(), and live figures of the records';
+
+-- Statistics are for whoever monitors the server, without the API (the
+-- functions refuse a role whose USAGE on the schema is pg_monitor's only);
+-- resetting them for superusers.
+GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
+REVOKE ALL ON idempotency.stats FROM PUBLIC;
+GRANT SELECT ON idempotency.stats TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency._stats_counters() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;
+
+CREATE FUNCTION idempotency.shard_hash(scope text)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idempotency_shard_hash'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+COMMENT ON FUNCTION idempotency.shard_hash(text) IS
+'the first 4 bytes of SHA-256 of the scope''s UTF-8 bytes, as a signed big-endian integer: PL/Proxy''s RUN ON hash';
+
+CREATE FUNCTION idempotency.shard_of(scope text, shards integer)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idempotency_shard_of'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+COMMENT ON FUNCTION idempotency.shard_of(text, integer) IS
+'the shard, 0 to shards - 1, that holds the scope in a cluster of shards (a power of two): shard_hash(scope) & (shards - 1)';
+
+-- Draws a fence of at least at_least, raising idempotency.fence_seq when it
+-- is behind, under the lock every fence is drawn under (so that it never
+-- moves a sequence back below a fence another backend just drew).
+CREATE FUNCTION idempotency._fence_at_least(at_least bigint)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idempotency_fence_at_least'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency._fence_at_least(bigint) IS
+'draws a fence of at least the argument, raising idempotency.fence_seq when it is behind (citus_distribute)';
+
+REVOKE ALL ON FUNCTION idempotency._fence_at_least(bigint) FROM PUBLIC;
+
+-- Distributes the records beside the tenant's rows: idempotency.keys by
+-- scope, colocated with colocate_with, and the API functions delegated by
+-- their scope argument, to the node that holds the scope's shard.  Run on
+-- the Citus coordinator after CREATE EXTENSION idempotency; running it again
+-- changes nothing (and puts back what someone changed).  Every check comes
+-- before the first change.  See docs/citus.md.
+CREATE FUNCTION idempotency.citus_distribute(colocate_with regclass)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+	-- Every API function that takes a scope.
+	api constant text[] := ARRAY[
+		'idempotency.claim(text,bytea,text,interval,interval,interval,uuid)',
+		'idempotency.complete(text,bigint,integer,bytea,jsonb,text)',
+		'idempotency.release(text,bigint,text)',
+		'idempotency.extend(text,bigint,interval,text)',
+		'idempotency.checkpoint(text,bigint,text,jsonb,text)',
+		'idempotency.lookup(text,text)'];
+	fn text;
+	tenant_column text;
+	tenant_type regtype;
+	tenant_collation oid;
+	keys_colocation int;
+	table_colocation int;
+	misconfigured text;
+	failed text;
+	fence_top bigint;
+BEGIN
+	IF colocate_with IS NULL THEN
+		RAISE EXCEPTION 'argument "colocate_with" must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF NOT EXISTS (SELECT FROM pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
+		RAISE EXCEPTION 'Citus is not installed in this database'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'Run CREATE EXTENSION citus first.';
+	END IF;
+	IF NOT citus_is_coordinator() THEN
+		RAISE EXCEPTION 'idempotency.citus_distribute() must run on the Citus coordinator'
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+
+	-- The library must be preloaded after citus on every node: it refuses a
+	-- NULL scope before Citus's planner would crash on it.
+	SELECT string_agg(format('node %s (%s)', nodeid, result), ', ') INTO misconfigured
+	FROM (SELECT nodeid, result, success,
+				 string_to_array(replace(result, ' ', ''), ',') AS libs
+		  FROM run_command_on_all_nodes('SHOW shared_preload_libraries')) n
+	WHERE NOT success
+	   OR NOT libs OPERATOR(pg_catalog.@>) ARRAY['citus', 'idempotency']
+	   OR array_position(libs, 'idempotency') OPERATOR(pg_catalog.<) array_position(libs, 'citus');
+	IF misconfigured IS NOT NULL THEN
+		RAISE EXCEPTION 'idempotency is not preloaded after citus on every node'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('shared_preload_libraries on %s.', misconfigured),
+				  HINT = 'Set shared_preload_libraries = ''citus,idempotency'' on every node and restart it.';
+	END IF;
+
+	-- A record names its owner by role OID, and a role has another OID on
+	-- every node: when shards move, Citus must copy records as text, which
+	-- names roles by name.
+	SELECT string_agg(format('node %s (%s)', nodeid, result), ', ') INTO misconfigured
+	FROM run_command_on_all_nodes('SHOW citus.enable_binary_protocol')
+	WHERE NOT success OR result OPERATOR(pg_catalog.<>) 'off';
+	IF misconfigured IS NOT NULL THEN
+		RAISE EXCEPTION 'Citus copies records between nodes in binary'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('citus.enable_binary_protocol on %s: a binary copy keeps the OID of the role that owns a record, which is another role, or none, on another node.', misconfigured),
+				  HINT = 'Set citus.enable_binary_protocol = off on every node and reload.';
+	END IF;
+
+	-- The business table: hash-distributed by a text column of the
+	-- collation of idempotency.keys.scope (Citus colocates only tables whose
+	-- distribution columns agree in type and collation).
+	SELECT a.attname, a.atttypid, a.attcollation
+	INTO tenant_column, tenant_type, tenant_collation
+	FROM pg_dist_partition p
+	JOIN pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) p.logicalrelid
+		AND a.attname OPERATOR(pg_catalog.=) column_to_column_name(p.logicalrelid, p.partkey)
+	WHERE p.logicalrelid OPERATOR(pg_catalog.=) colocate_with
+	  AND p.partmethod OPERATOR(pg_catalog.=) 'h';
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'table % is not hash-distributed', colocate_with
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = format('Distribute it by its tenant column first: SELECT create_distributed_table(%L, ''tenant'').',
+								colocate_with::text);
+	END IF;
+	IF tenant_type OPERATOR(pg_catalog.<>) 'text'::regtype
+	   OR tenant_collation OPERATOR(pg_catalog.<>) (
+		   SELECT attcollation FROM pg_attribute
+		   WHERE attrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::regclass
+			 AND attname OPERATOR(pg_catalog.=) 'scope') THEN
+		RAISE EXCEPTION 'table % is distributed by column "%" of type %, not text COLLATE "C"',
+			colocate_with, tenant_column,
+			format('%s%s', format_type(tenant_type, NULL),
+				   (SELECT format(' COLLATE %I', collname) FROM pg_collation
+					WHERE oid OPERATOR(pg_catalog.=) tenant_collation))
+			USING ERRCODE = 'datatype_mismatch',
+				  DETAIL = 'The records of a scope live beside the rows of the tenant of the same name: the scope is text in the C collation, and Citus colocates only distribution columns of the same type and collation.',
+				  HINT = 'Distribute the business tables by a column declared "text COLLATE \"C\"" that holds the scope.';
+	END IF;
+
+	-- One placement per shard: Citus delegates no call to a replicated shard.
+	IF (SELECT c.replicationfactor FROM pg_dist_partition p
+		JOIN pg_dist_colocation c ON c.colocationid OPERATOR(pg_catalog.=) p.colocationid
+		WHERE p.logicalrelid OPERATOR(pg_catalog.=) colocate_with)
+	   OPERATOR(pg_catalog.<>) 1 THEN
+		RAISE EXCEPTION 'table % has more than one placement per shard', colocate_with
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Citus does not delegate function calls to replicated shards.';
+	END IF;
+
+	SELECT colocationid INTO keys_colocation
+	FROM pg_dist_partition WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::regclass;
+	SELECT colocationid INTO table_colocation
+	FROM pg_dist_partition WHERE logicalrelid OPERATOR(pg_catalog.=) colocate_with;
+	IF keys_colocation OPERATOR(pg_catalog.<>) table_colocation THEN
+		RAISE EXCEPTION 'idempotency.keys is already distributed, colocated with other tables than %',
+			colocate_with
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'Pass a table of the colocation group idempotency.keys belongs to.';
+	END IF;
+
+	-- idempotency.keys, colocated with the business table; once.
+	IF keys_colocation IS NULL THEN
+		PERFORM create_distributed_table('idempotency.keys', 'scope',
+										 colocate_with => colocate_with::text);
+		-- The coordinator's own rows were copied into the shards: drop them,
+		-- so that no stale response stays readable there.
+		PERFORM truncate_local_data_after_distributing_table('idempotency.keys');
+	END IF;
+
+	-- Calls run on the node that holds the scope's shard, inside the
+	-- caller's transaction (force_delegation), every time.
+	FOREACH fn IN ARRAY api LOOP
+		PERFORM create_distributed_function(fn::regprocedure, 'scope',
+											colocate_with => colocate_with::text,
+											force_delegation => true);
+	END LOOP;
+
+	-- Fences: every node's sequence at least at every fence handed out
+	-- anywhere so far (each node had its own sequence, and the
+	-- coordinator's records came with fences from its own).
+	SELECT string_agg(format('node %s (%s)', nodeid, result), ', ')
+		   FILTER (WHERE NOT success),
+		   greatest(coalesce(max(result::bigint) FILTER (WHERE success), 0),
+					(SELECT coalesce(max(fence), 0) FROM idempotency.keys))
+	INTO failed, fence_top
+	FROM run_command_on_all_nodes('SELECT last_value FROM idempotency.fence_seq');
+	IF failed IS NULL THEN
+		SELECT string_agg(format('node %s (%s)', nodeid, result), ', ') INTO failed
+		FROM run_command_on_all_nodes(format('SELECT idempotency._fence_at_least(%s)', fence_top))
+		WHERE NOT success;
+	END IF;
+	IF failed IS NOT NULL THEN
+		RAISE EXCEPTION 'could not raise the fence sequence of every node'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('On %s.', failed);
+	END IF;
+END
+$$;
+
+COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
+'with Citus: distributes idempotency.keys by scope, colocated with the table, and runs the API on the node that holds the scope';
+
+REVOKE ALL ON FUNCTION idempotency.citus_distribute(regclass) FROM PUBLIC;
