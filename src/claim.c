@@ -18,7 +18,8 @@
  * attempt, and writes nothing: it is the same attempt asking again after
  * losing the answer.  It first waits for a transaction that is writing the
  * record (its own lost complete, say), as a write would, and answers from
- * what committed.  Any other record goes as without a token; the token is
+ * what committed: it reads the record again after finding no writer, so
+ * that a write that committed between its read and that check is seen.  Any other record goes as without a token; the token is
  * written with each `new` (insert, reset, takeover) and cleared by complete.
  *-------------------------------------------------------------------------
  */
@@ -248,6 +249,7 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 		   ClaimResult *r)
 {
 	bool		insert_failed = false;
+	bool		resume_unwritten = false;
 
 	for (int tries = 0; tries < CLAIM_MAX_TRIES; tries++)
 	{
@@ -265,20 +267,28 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 			return;
 		if (step == STEP_RESUME)
 		{
-			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
+			TransactionId writer;
 
-			if (!TransactionIdIsValid(writer))
+			/* No transaction was writing the record before this read: answer. */
+			if (resume_unwritten)
 				return;
-			if (!idem_wait_for_xact(writer, writer_timeout_ms))
+			writer = idem_keys_writer(call, a->scope, a->key);
+			if (TransactionIdIsValid(writer) && !idem_wait_for_xact(writer, writer_timeout_ms))
 			{
+				/* The fence is only ever handed out with `new`. */
+				memset(r->nulls, true, sizeof(r->nulls));
+				set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(rec.created_at));
 				r->outcome = CLAIM_IN_PROGRESS;
 				r->resumed = false;
 				r->lease_expires_at = DT_NOBEGIN;
 				return;
 			}
+			/* Read again, to see the write waited for, or one that committed before the check. */
+			resume_unwritten = !TransactionIdIsValid(writer);
 			*now = GetCurrentTimestamp();
 			continue;
 		}
+		resume_unwritten = false;
 		if (writer_timeout_ms >= 0)
 		{
 			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
