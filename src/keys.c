@@ -100,11 +100,15 @@
 #define LEASE_ENDS(e) "lease_expires_at = GREATEST(lease_expires_at, " e "),"\
 	" expires_at = expires_at" PLUS "GREATEST((" e ")" MINUS "lease_expires_at, '0'::pg_catalog.interval)"
 /*
- * Sets the claim's token to parameter n; left out of the plan on a table of
- * version 1.1, which has no such column (the library may be newer than the
+ * SQL about claim's token column, left out of the plan on a table of version
+ * 1.1, which has no such column (the library may be newer than the
  * extension's objects until ALTER EXTENSION UPDATE).
  */
-#define SET_TOKEN(n) " token = " n ","
+#define TOKEN_ONLY(sql) TOKEN_BEGIN sql TOKEN_END
+#define TOKEN_BEGIN "/*token*/"
+#define TOKEN_END "/*/token*/"
+/* Sets the claim's token to parameter n. */
+#define SET_TOKEN(n) TOKEN_ONLY(" token = " n ",")
 
 typedef enum PlanId
 {
@@ -517,13 +521,13 @@ idem_wait_for_xact(TransactionId xid, long timeout_ms)
 
 /*
  * Returns the SQL of a plan for relation rel: the plan's own with rel's name
- * for idempotency.keys, and without SET_TOKEN when rel has no token column.
+ * for idempotency.keys, and without its TOKEN_ONLY parts when rel has no
+ * token column.
  */
 static char *
 plan_sql(const char *sql, const IdemKeysRel *rel)
 {
 	static const char table[] = "idempotency.keys";
-	static const char token[] = " token = $";	/* how SET_TOKEN begins */
 	bool		has_token = rel->att[IDEM_COL_TOKEN] != InvalidAttrNumber;
 	StringInfoData buf;
 
@@ -535,8 +539,8 @@ plan_sql(const char *sql, const IdemKeysRel *rel)
 			appendStringInfoString(&buf, rel->name);
 			sql += strlen(table);
 		}
-		else if (!has_token && strncmp(sql, token, strlen(token)) == 0)
-			sql = strchr(sql, ',') + 1;
+		else if (!has_token && strncmp(sql, TOKEN_BEGIN, strlen(TOKEN_BEGIN)) == 0)
+			sql = strstr(sql, TOKEN_END) + strlen(TOKEN_END);
 		else
 			appendStringInfoChar(&buf, *sql++);
 	}

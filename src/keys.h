@@ -94,10 +94,10 @@ typedef struct IdemRecord
 	TimestampTz lease_expires_at;	/* DT_NOBEGIN when NULL (completed) */
 	TimestampTz expires_at;
 	TimestampTz created_at;
-	int32		attempt;
-	/* An in-progress record's claim token; its recovery point too when it has one. */
+	/* An in-progress record's claim token; then its attempt and recovery point too. */
 	bool		has_token;
 	pg_uuid_t	token;
+	int32		attempt;
 	text	   *recovery_point; /* NULL when none */
 	Jsonb	   *recovery_state; /* NULL when none */
 	/* The stored response: read for a completed record of the same fingerprint. */

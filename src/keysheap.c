@@ -313,8 +313,8 @@ is_live_for(const IdemCall *call, TupleTableSlot *slot, TimestampTz now)
 
 /*
  * Fills rec from the record in slot: the response too when claim will
- * replay it, the token and recovery point of an in-progress one that has a
- * token (so that its owner's claim can be answered again).
+ * replay it, the token, attempt and recovery point of an in-progress one
+ * that has a token (so that its owner's claim can be answered again).
  */
 static void
 read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, IdemRecord *rec)
@@ -334,7 +334,6 @@ read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, Idem
 	rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
 	rec->expires_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_EXPIRES_AT));
 	rec->created_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_CREATED_AT));
-	rec->attempt = DatumGetInt32(slot_col(call, slot, IDEM_COL_ATTEMPT));
 	rec->has_token = false;
 	rec->recovery_point = NULL;
 	rec->recovery_state = NULL;
@@ -348,6 +347,7 @@ read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, Idem
 		{
 			rec->has_token = true;
 			rec->token = *DatumGetUUIDP(token);
+			rec->attempt = DatumGetInt32(slot_col(call, slot, IDEM_COL_ATTEMPT));
 			rec->recovery_point = (text *) slot_varlena(call, slot, IDEM_COL_RECOVERY_POINT);
 			rec->recovery_state = (Jsonb *) slot_varlena(call, slot, IDEM_COL_RECOVERY_STATE);
 		}

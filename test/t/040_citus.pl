@@ -193,6 +193,24 @@ is(idem_sqlstate($coord,
 is(cq(q{SELECT count(*) FROM charges WHERE tenant = 'acct_1'}),
 	'1', 'IK001 aborted the business insert');
 
+# claim's token (1.2), delegated in transaction blocks (force_delegation by
+# scope, with the new argument): answered again, and the COMMIT-lost story.
+my $token_claim = q{BEGIN; SELECT outcome || ':' || coalesce(fence::text, encode(body, 'escape'))
+	FROM idempotency.claim('tok-1', '\x01', 'acct_1', token => '00000000-0000-4000-8000-0000000000c1');
+	COMMIT;};
+my $first = cq($token_claim);
+my ($token_fence) = $first =~ /^new:(\d+)$/;
+ok(defined $token_fence, "a claim with a token through the coordinator is new: $first");
+is(cq($token_claim), $first, 'the same token is answered new again, with its fence');
+my $token_complete = "BEGIN; INSERT INTO charges (tenant, amount) VALUES ('acct_1', 30); "
+  . "SELECT idempotency.complete('tok-1', $token_fence, 201, 'tok', NULL, 'acct_1');";
+cq("$token_complete ROLLBACK;");
+is(cq($token_claim), $first, 'after a ROLLBACK of complete, the token is new with the same fence');
+cq("$token_complete COMMIT;");
+is(cq($token_claim), 'replay:tok', 'after its COMMIT, the token finds the replay');
+is(cq(q{SELECT pg_relation_size('idempotency.keys')}), '0',
+	"nothing of it was written on the coordinator's own table");
+
 # ---------------------------------------------------------------------------
 # A NULL or missing scope: 22004, never a crash
 # ---------------------------------------------------------------------------
@@ -261,7 +279,7 @@ for my $shape (@undelegated)
 # A function distributed without force_delegation is not delegated in a
 # transaction block; the recipe puts force_delegation back.
 cq(q{SELECT create_distributed_function(
-		'idempotency.claim(text,bytea,text,interval,interval,interval)', 'scope',
+		'idempotency.claim(text,bytea,text,interval,interval,interval,uuid)', 'scope',
 		colocate_with => 'charges', force_delegation => false)});
 my $state = idem_sqlstate($coord,
 	q{BEGIN; SELECT outcome FROM idempotency.claim('held', '\x01', 'acct_1'); COMMIT});
@@ -269,7 +287,7 @@ isnt($state, 'no error', 'without force_delegation, a claim in a transaction blo
 is($state, 'IK002', 'with IK002');
 cq(q{SELECT idempotency.citus_distribute('charges')});
 is(cq(q{SELECT force_delegation FROM pg_dist_object
-		WHERE objid = 'idempotency.claim(text,bytea,text,interval,interval,interval)'::regprocedure}),
+		WHERE objid = 'idempotency.claim(text,bytea,text,interval,interval,interval,uuid)'::regprocedure}),
 	't', 'citus_distribute restores force_delegation');
 is($w1->safe_psql('postgres', $held), $held_before,
 	'the record held on the worker is untouched by all of them');
