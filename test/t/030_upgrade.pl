@@ -203,6 +203,21 @@ SELECT fence FROM idempotency.claim('done', '\x0a', 'acct_1');
 		  . "WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e' AND refobjid = "
 		  . "(SELECT oid FROM pg_extension WHERE extname = 'idempotency')");
 
+	# The update to 1.2 makes the table again: it refuses one that a DBA
+	# added to, and changes nothing.
+	if ($to eq '1.2')
+	{
+		$node->safe_psql($up, 'CREATE INDEX dba_idx ON idempotency.keys (created_at)');
+		my ($ret, $stdout, $stderr) =
+		  $node->psql($up, "ALTER EXTENSION idempotency UPDATE TO '$to'");
+		like($stderr, qr/would lose\nDETAIL:  The update makes the table again; it has index dba_idx\./,
+			"$from -> $to: refused while the table has a DBA's index: $stderr");
+		is( $node->safe_psql(
+				$up, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+			$from,
+			"$from -> $to: the refused update changed nothing");
+		$node->safe_psql($up, 'DROP INDEX idempotency.dba_idx');
+	}
 	$node->safe_psql($up, "ALTER EXTENSION idempotency UPDATE TO '$to'");
 
 	$node->safe_psql('postgres', "CREATE DATABASE $fresh");
