@@ -26,6 +26,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "fmgr.h"
@@ -283,6 +284,12 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 				r->lease_expires_at = DT_NOBEGIN;
 				return;
 			}
+			/* A snapshot of the transaction could not see the write waited for. */
+			if (TransactionIdIsValid(writer) && IsolationUsesXactSnapshot() &&
+				TransactionIdDidCommit(writer))
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
 			/* Read again, to see the write waited for, or one that committed before the check. */
 			resume_unwritten = !TransactionIdIsValid(writer);
 			*now = GetCurrentTimestamp();
