@@ -88,8 +88,8 @@ typedef struct KeysRel
  * What a relation that holds records is, decided once per relcache build
  * of it: its column numbers (described, so their types checked, by keys.c)
  * and whether the direct writes may be taken on it (-1: not decided yet).
- * Entries of a relation are dropped in the invalidation callback: they hold
- * no pointers, and are read only once the relation and its indexes are
+ * Entries of a relation are forgotten in the invalidation callback: they
+ * hold no pointers, and are read only once the relation and its indexes are
  * open, after the invalidations that opening them read.
  */
 typedef struct RelFacts
@@ -103,7 +103,6 @@ typedef struct RelFacts
 
 static RelFacts rel_facts[MAX_REL_FACTS];
 static int	rel_facts_count = 0;
-static bool rel_facts_callback = false;
 
 /* The columns that every direct write leaves not null: the only ones a NOT NULL may be on. */
 #define ALWAYS_SET_COLUMNS \
@@ -130,11 +129,32 @@ static int	index_info_count = 0;
 static int	index_info_room = 0;	/* entries allocated: at least one write's */
 static bool index_infos_stale = false;
 
-/* Marks the cached IndexInfo stale when a relcache entry goes. */
+/*
+ * Marks the cached IndexInfo stale, and forgets the facts of relation relid
+ * (all of them for InvalidOid), when a relcache entry goes.  Facts are
+ * marked, not moved: a write deciding on an entry may read invalidations
+ * meanwhile, and then decides for none.
+ */
 static void
-index_info_invalidate(Datum arg, Oid relid)
+relcache_invalidate(Datum arg, Oid relid)
 {
 	index_infos_stale = true;
+	if (!OidIsValid(relid))
+		rel_facts_count = 0;
+	for (int i = 0; i < rel_facts_count; i++)
+		if (rel_facts[i].relid == relid)
+			rel_facts[i].relid = InvalidOid;
+}
+
+/* Registers relcache_invalidate, once (PostgreSQL has few slots for such callbacks). */
+static void
+register_invalidation(void)
+{
+	static bool registered = false;
+
+	if (!registered)
+		CacheRegisterRelcacheCallback(relcache_invalidate, (Datum) 0);
+	registered = true;
 }
 
 /*
@@ -149,7 +169,7 @@ make_room_for_index_infos(int n)
 	{
 		index_info_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency index info",
 											   ALLOCSET_SMALL_SIZES);
-		CacheRegisterRelcacheCallback(index_info_invalidate, (Datum) 0);
+		register_invalidation();
 	}
 	if (!index_infos_stale && index_info_count + n <= index_info_room)
 		return;
@@ -160,18 +180,6 @@ make_room_for_index_infos(int n)
 	index_info_room = Max(MAX_CACHED_INDEX_INFOS, n);
 	index_info_oid = MemoryContextAlloc(index_info_cxt, index_info_room * sizeof(Oid));
 	index_info = MemoryContextAlloc(index_info_cxt, index_info_room * sizeof(IndexInfo *));
-}
-
-/* Drops the facts of relation relid (all of them for InvalidOid) when its relcache entry goes. */
-static void
-rel_facts_invalidate(Datum arg, Oid relid)
-{
-	int			kept = 0;
-
-	for (int i = 0; i < rel_facts_count; i++)
-		if (OidIsValid(relid) && rel_facts[i].relid != relid)
-			rel_facts[kept++] = rel_facts[i];
-	rel_facts_count = kept;
 }
 
 /*
@@ -192,11 +200,7 @@ facts_of(const IdemCall *call, Relation rel)
 	{
 		IdemKeysRel described;
 
-		if (!rel_facts_callback)
-		{
-			CacheRegisterRelcacheCallback(rel_facts_invalidate, (Datum) 0);
-			rel_facts_callback = true;
-		}
+		register_invalidation();
 		idem_keys_rel_describe(rel, &described);
 		if (rel_facts_count == MAX_REL_FACTS)
 			rel_facts_count = 0;
