@@ -12,6 +12,7 @@ OBJS = \
 	src/idempotency.o \
 	src/keys.o \
 	src/keysheap.o \
+	src/owner.o \
 	src/reaper.o \
 	src/record.o \
 	src/shard.o \

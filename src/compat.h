@@ -66,6 +66,17 @@
 #define IDEM_INDEX_SUMMARIZING(info) false
 #endif
 
+/*
+ * PG 17 added RestrictSearchPath(), which maintenance commands call when they
+ * run a table owner's code: the same setting, made the same way, before it.
+ */
+#if PG_VERSION_NUM < 170000
+#define GUC_SAFE_SEARCH_PATH "pg_catalog, pg_temp"
+#define RestrictSearchPath() \
+	((void) set_config_option("search_path", GUC_SAFE_SEARCH_PATH, PGC_USERSET, \
+							  PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false))
+#endif
+
 /* PG 14 added index_insert's indexUnchanged hint. */
 #if PG_VERSION_NUM < 140000
 #define index_insert(index, values, isnull, tid, heap, check, unchanged, info) \

@@ -1,11 +1,11 @@
 /*-------------------------------------------------------------------------
  * keys.c
- *	  Access to idempotency.keys: the catalog facts, the right to use the
- *	  API, waits for writers, fences, and the writes and reads that are not
- *	  on the hot path (keysheap.c has those).
+ *	  Access to idempotency.keys: the catalog facts, waits for writers,
+ *	  fences, and the writes and reads that are not on the hot path
+ *	  (keysheap.c has those, and falls back to the plans here).
  *
- * Application roles get no privilege on the table: each call switches to
- * the table's owner, as SECURITY DEFINER would but cheaper, and runs SPI
+ * Application roles get no privilege on the table: each call acts as the
+ * table's owner (owner.c: the right to call, the switch), and runs SPI
  * plans prepared once per backend and relation: a call works on the table
  * itself, or with Citus on the scope's local shard, which citus.c chooses.
  * Every name in the plans is schema-qualified, operators included, so that
@@ -39,10 +39,8 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
-#include "catalog/pg_authid.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
-#include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
 #include "common/hashfn.h"
@@ -55,7 +53,6 @@
 #include "storage/lmgr.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
-#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -120,6 +117,8 @@ typedef enum PlanId
 	PLAN_CHECKPOINT,
 	PLAN_LOOKUP,
 	PLAN_REAP,
+	PLAN_INSERT,
+	PLAN_COMPLETE,
 	NUM_PLANS
 } PlanId;
 
@@ -187,6 +186,21 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		" LIMIT $2 FOR UPDATE SKIP LOCKED))",
 		2, {TIMESTAMPTZOID, INT4OID}
 	},
+	/* The executor's forms of keysheap.c's direct insert and update. */
+	[PLAN_INSERT] = {
+		"INSERT INTO idempotency.keys (fence, created_at, expires_at, lease_expires_at, lease,"
+		" attempt, state, owner, scope, key, fingerprint)"
+		" VALUES ($9, $6, $7, $8, $5, 1, " IN_PROGRESS ", $3, $1, $2, $4)"
+		" ON CONFLICT (key, scope, owner) DO NOTHING",
+		9, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+		TIMESTAMPTZOID, INT8OID}
+	},
+	[PLAN_COMPLETE] = {
+		"UPDATE idempotency.keys SET state = " COMPLETED ", status_code = $5, headers = $6,"
+		" body = $7, completed_at = $8, lease_expires_at = NULL, lease = NULL"
+		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$8") ")",
+		8, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INT4OID, JSONBOID, BYTEAOID, TIMESTAMPTZOID}
+	},
 };
 
 /*
@@ -241,11 +255,33 @@ static const char *const column_names[IDEM_NUM_COLS] = {
 };
 static bool catalog_valid = false;
 
+/*
+ * The types of the columns, as the extension made them (without a type
+ * modifier); InvalidOid for state, whose type is idempotency.state.  The
+ * direct reads and writes take and store values of exactly these types.
+ */
+static const Oid column_types[IDEM_NUM_COLS] = {
+	[IDEM_COL_FENCE] = INT8OID,
+	[IDEM_COL_CREATED_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_EXPIRES_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_LEASE_EXPIRES_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_COMPLETED_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_LEASE] = INTERVALOID,
+	[IDEM_COL_ATTEMPT] = INT4OID,
+	[IDEM_COL_STATUS_CODE] = INT4OID,
+	[IDEM_COL_STATE] = InvalidOid,
+	[IDEM_COL_OWNER] = REGROLEOID,
+	[IDEM_COL_SCOPE] = TEXTOID,
+	[IDEM_COL_KEY] = TEXTOID,
+	[IDEM_COL_FINGERPRINT] = BYTEAOID,
+	[IDEM_COL_RECOVERY_POINT] = TEXTOID,
+	[IDEM_COL_RECOVERY_STATE] = JSONBOID,
+	[IDEM_COL_HEADERS] = JSONBOID,
+	[IDEM_COL_BODY] = BYTEAOID,
+};
+
 PG_FUNCTION_INFO_V1(idempotency_fence_at_least);
 PG_FUNCTION_INFO_V1(idempotency_expiry_second);
-
-/* The last role found allowed to use the API; forgotten when privileges change. */
-static Oid	api_user_checked = InvalidOid;
 
 #ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 /* Asks for the fence lock. */
@@ -282,11 +318,37 @@ catalog_invalidate(Datum arg, Oid relid)
 		catalog_valid = false;
 }
 
-/* Forgets which role may use the API, when a schema or a role membership changes. */
+/*
+ * Raises 42804 unless column col of rel (named name), number attnum, has
+ * the type, and for the key's columns the collation, the extension gave it:
+ * a DBA's ALTER COLUMN ... TYPE makes the API refuse, clearly, rather than
+ * read or store a value of the wrong type.
+ */
 static void
-api_user_invalidate(Datum arg, int cacheid, uint32 hashvalue)
+check_column_type(Relation rel, const char *name, IdemKeysColumn col, AttrNumber attnum)
 {
-	api_user_checked = InvalidOid;
+	Form_pg_attribute attr = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
+	Oid			type = column_types[col];
+	bool		c_collated = (col == IDEM_COL_SCOPE || col == IDEM_COL_KEY);
+	bool		collation_differs;
+
+	if (!OidIsValid(type))
+		type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid, CStringGetDatum("state"),
+							   ObjectIdGetDatum(RelationGetNamespace(rel)));
+	collation_differs = c_collated && attr->atttypid == type &&
+		attr->attcollation != C_COLLATION_OID;
+	if (attr->atttypid != type || attr->atttypmod != -1 || collation_differs)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("column \"%s\" of %s has type %s%s, not %s%s",
+						column_names[col], name,
+						format_type_with_typemod(attr->atttypid, attr->atttypmod),
+						collation_differs ? " in another collation" : "",
+						format_type_be(type), c_collated ? " COLLATE \"C\"" : ""),
+				 errdetail("The extension reads and writes the columns of its table with the types it made them with."),
+				 errhint("Change the column back with ALTER TABLE %s ALTER COLUMN %s TYPE %s%s.",
+						 name, quote_identifier(column_names[col]), format_type_be(type),
+						 c_collated ? " COLLATE \"C\"" : "")));
 }
 
 /*
@@ -308,6 +370,7 @@ idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
 		out->att[i] = attnameAttNum(rel, column_names[i], false);
 		if (out->att[i] == InvalidAttrNumber && i != IDEM_COL_TOKEN)
 			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
+		check_column_type(rel, name, (IdemKeysColumn) i, out->att[i]);
 	}
 }
 
@@ -356,9 +419,6 @@ idem_keys_catalog(void)
 	if (!callbacks_registered)
 	{
 		CacheRegisterRelcacheCallback(catalog_invalidate, (Datum) 0);
-		CacheRegisterSyscacheCallback(NAMESPACEOID, api_user_invalidate, (Datum) 0);
-		CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, api_user_invalidate, (Datum) 0);
-		CacheRegisterSyscacheCallback(AUTHOID, api_user_invalidate, (Datum) 0);
 		callbacks_registered = true;
 	}
 	catalog_valid = true;
@@ -366,64 +426,11 @@ idem_keys_catalog(void)
 }
 
 /*
- * Tells whether role has USAGE on schema nsp through a grant other than
- * pg_monitor's: the extension grants pg_monitor USAGE so that its members
- * can read idempotency.stats, and that must not hand them the API.
- */
-static bool
-has_api_usage(Oid nsp, Oid role)
-{
-	HeapTuple	tup = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(nsp));
-	Oid			nsp_owner;
-	Datum		acl_datum;
-	bool		isnull;
-	Acl		   *acl;
-	AclItem    *items;
-	int			kept = 0;
-	bool		allowed;
-
-	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for schema %u", nsp);
-	nsp_owner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
-	acl_datum = SysCacheGetAttr(NAMESPACEOID, tup, Anum_pg_namespace_nspacl, &isnull);
-	acl = isnull ? acldefault(OBJECT_SCHEMA, nsp_owner) : DatumGetAclPCopy(acl_datum);
-	ReleaseSysCache(tup);
-
-	/* ACL_DAT, without its signedness warning: an ACL never has NULLs. */
-	if (ARR_HASNULL(acl))
-		elog(ERROR, "ACL of schema %u contains nulls", nsp);
-	items = (AclItem *) ((char *) acl + ARR_OVERHEAD_NONULLS(ARR_NDIM(acl)));
-	for (int i = 0; i < ACL_NUM(acl); i++)
-		if (items[i].ai_grantee != ROLE_PG_MONITOR)
-			items[kept++] = items[i];
-	ARR_DIMS(acl)[0] = kept;
-	SET_VARSIZE(acl, ACL_N_SIZE(kept));
-
-	allowed = aclmask(acl, role, nsp_owner, ACL_USAGE, ACLMASK_ANY) != 0;
-	pfree(acl);
-	return allowed;
-}
-
-/* Raises 42501 unless the caller may use the API. */
-static void
-check_api_privilege(const IdemKeysCatalog *c, Oid role)
-{
-	if (role == api_user_checked)
-		return;
-	if (!has_api_usage(c->namespace, role))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied for schema %s", "idempotency"),
-				 errdetail("Membership in pg_monitor gives access to idempotency.stats only."),
-				 errhint("Grant USAGE on schema idempotency to the roles that use the API.")));
-	api_user_checked = role;
-}
-
-/*
- * Checks that the caller may use the API and becomes the table's owner (SPI
- * is connected when a plan first runs); the call works on idempotency.keys
- * unless citus.c chooses a shard.  An error before idem_call_end needs no
- * cleanup: (sub)transaction abort restores the user and closes SPI.
+ * Checks that the caller may use the API and acts as the table's owner, as
+ * owner.c does it (SPI is connected when a plan first runs); the call works
+ * on idempotency.keys unless citus.c chooses a shard.  An error before
+ * idem_call_end needs no cleanup: (sub)transaction abort restores the user
+ * and the settings, and closes SPI.
  */
 void
 idem_call_begin(IdemCall *call)
@@ -431,23 +438,21 @@ idem_call_begin(IdemCall *call)
 	const IdemKeysCatalog *c = idem_keys_catalog();
 
 	call->caller = GetUserId();
-	check_api_privilege(c, call->caller);
+	idem_owner_check_caller(c->namespace, call->caller);
 	call->rel = c->keys;
 	call->caller_cxt = CurrentMemoryContext;
-	GetUserIdAndSecContext(&call->save_userid, &call->save_sec_context);
-	SetUserIdAndSecContext(c->table_owner, call->save_sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	idem_owner_enter(c->table_owner, &call->owner_save);
 	spi_connected = false;
 }
 
-/* Leaves SPI, if the call used it, and returns to the caller's user. */
+/* Leaves SPI, if the call used it, and returns to the caller's user and settings. */
 void
 idem_call_end(IdemCall *call)
 {
 	if (spi_connected)
 		SPI_finish();
 	spi_connected = false;
-	SetUserIdAndSecContext(call->save_userid, call->save_sec_context);
+	idem_owner_leave(&call->owner_save);
 }
 
 /* Hashes (scope, key): where claims waiting for its owner sleep. */
@@ -892,4 +897,40 @@ idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
 	Datum		values[2] = {TimestampTzGetDatum(now), Int32GetDatum(batch)};
 
 	return run_plan(PLAN_REAP, call, values, NULL, false);
+}
+
+/*
+ * idem_keys_insert through the executor, for a table on which the direct
+ * insert would not do what INSERT does (keysheap.c): the primary key is the
+ * only arbiter, any other unique violation is an error.  Returns false when
+ * a record of (scope, key, caller) exists already; sets *fence.
+ */
+bool
+idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+					 Interval *lease, TimestampTz now, TimestampTz expires_at,
+					 TimestampTz lease_expires_at, int64 *fence)
+{
+	int64		new_fence = idem_keys_next_fence(0);
+	Datum		values[9] = {PointerGetDatum(scope), PointerGetDatum(key),
+		ObjectIdGetDatum(call->caller), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
+		TimestampTzGetDatum(now), TimestampTzGetDatum(expires_at),
+	TimestampTzGetDatum(lease_expires_at), Int64GetDatum(new_fence)};
+
+	if (run_plan(PLAN_INSERT, call, values, NULL, false) != 1)
+		return false;
+	*fence = new_fence;
+	return true;
+}
+
+/* idem_keys_complete through the executor (see idem_keys_insert_sql). */
+bool
+idem_keys_complete_sql(IdemCall *call, text *scope, text *key, int64 fence, int32 status_code,
+					   Jsonb *headers, bytea *body, TimestampTz now)
+{
+	Datum		values[8] = {PointerGetDatum(scope), PointerGetDatum(key),
+		Int64GetDatum(fence), ObjectIdGetDatum(call->caller), Int32GetDatum(status_code),
+	PointerGetDatum(headers), PointerGetDatum(body), TimestampTzGetDatum(now)};
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', headers ? ' ' : 'n', body ? ' ' : 'n', ' '};
+
+	return run_plan(PLAN_COMPLETE, call, values, nulls, false) == 1;
 }

@@ -17,6 +17,8 @@
 #include "utils/relcache.h"
 #include "utils/uuid.h"
 
+#include "owner.h"
+
 /* The columns of idempotency.keys. */
 typedef enum IdemKeysColumn
 {
@@ -79,8 +81,7 @@ typedef struct IdemCall
 {
 	Oid			caller;			/* the role that called: its records are its own */
 	IdemKeysRel rel;			/* idempotency.keys, unless citus.c chose a shard */
-	Oid			save_userid;
-	int			save_sec_context;
+	IdemOwnerSave owner_save;	/* the caller's user, context and settings */
 	MemoryContext caller_cxt;	/* where results for the caller are copied */
 } IdemCall;
 
@@ -146,5 +147,11 @@ extern bool idem_keys_checkpoint(IdemCall *call, text *scope, text *key, int64 f
 								 TimestampTz now);
 extern HeapTuple idem_keys_lookup(IdemCall *call, text *scope, text *key, TimestampTz now);
 extern uint64 idem_keys_reap(IdemCall *call, int batch, TimestampTz now);
+extern bool idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+								 Interval *lease, TimestampTz now, TimestampTz expires_at,
+								 TimestampTz lease_expires_at, int64 *fence);
+extern bool idem_keys_complete_sql(IdemCall *call, text *scope, text *key, int64 fence,
+								   int32 status_code, Jsonb *headers, bytea *body,
+								   TimestampTz now);
 
 #endif							/* IDEMPOTENCY_KEYS_H */

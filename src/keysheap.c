@@ -25,8 +25,17 @@
  *   as complete changes no indexed column.
  *
  * Everything else (reset, takeover, release, extend, checkpoint, lookup,
- * reap) stays in SPI plans (keys.c): they are rare, or bulk.  Triggers on
- * idempotency.keys do not fire for these two writes.
+ * reap) stays in SPI plans (keys.c): they are rare, or bulk.
+ *
+ * The two direct writes are taken only on a table where they do exactly
+ * what INSERT and UPDATE would (writes_are_plain, decided once per relcache
+ * build): when a DBA adds a trigger, a foreign key, a rule, a policy, a
+ * CHECK constraint, a default or NOT NULL column, or a unique index other
+ * than the primary key, they go through the executor instead (keys.c's
+ * plans of the same writes), slower but with every rule applied.  Indexes,
+ * expression and partial ones included, any number of them, are maintained
+ * here as the executor maintains them.  The columns' types are checked
+ * (keys.c): a changed type makes the API refuse, never store a wrong value.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -42,6 +51,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/index.h"
+#include "catalog/pg_type.h"
 #include "catalog/pg_collation.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
@@ -53,7 +63,9 @@
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
+#include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/rls.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
@@ -62,17 +74,41 @@
 #include "keys.h"
 #include "keysheap.h"
 
-/* The indexes of idempotency.keys that a write maintains. */
-#define MAX_KEYS_INDEXES 8
-
-/* The table and its indexes, open for one write. */
+/* The table and all its indexes (as many as it has), open for one write. */
 typedef struct KeysRel
 {
 	Relation	rel;
 	int			nindexes;
-	Relation	indexes[MAX_KEYS_INDEXES];
-	IndexInfo  *info[MAX_KEYS_INDEXES];
+	Relation   *indexes;
+	IndexInfo **info;
+	bool		direct;			/* the direct write does what the executor would */
 } KeysRel;
+
+/*
+ * What a relation that holds records is, decided once per relcache build
+ * of it: its column numbers (described, so their types checked, by keys.c)
+ * and whether the direct writes may be taken on it (-1: not decided yet).
+ * Entries of a relation are forgotten in the invalidation callback: they
+ * hold no pointers, and are read only once the relation and its indexes are
+ * open, after the invalidations that opening them read.
+ */
+typedef struct RelFacts
+{
+	Oid			relid;
+	AttrNumber	att[IDEM_NUM_COLS];
+	int			direct;
+} RelFacts;
+
+#define MAX_REL_FACTS 64
+
+static RelFacts rel_facts[MAX_REL_FACTS];
+static int	rel_facts_count = 0;
+
+/* The columns that every direct write leaves not null: the only ones a NOT NULL may be on. */
+#define ALWAYS_SET_COLUMNS \
+	((1 << IDEM_COL_FENCE) | (1 << IDEM_COL_CREATED_AT) | (1 << IDEM_COL_EXPIRES_AT) | \
+	 (1 << IDEM_COL_ATTEMPT) | (1 << IDEM_COL_STATE) | (1 << IDEM_COL_OWNER) | \
+	 (1 << IDEM_COL_SCOPE) | (1 << IDEM_COL_KEY) | (1 << IDEM_COL_FINGERPRINT))
 
 /*
  * IndexInfo of the indexes of the tables that hold records (idempotency.keys,
@@ -87,21 +123,44 @@ typedef struct KeysRel
 
 static MemoryContext index_info_cxt = NULL;
 static EState *index_estate = NULL;
-static Oid	index_info_oid[MAX_CACHED_INDEX_INFOS];
-static IndexInfo *index_info[MAX_CACHED_INDEX_INFOS];
+static Oid *index_info_oid = NULL;
+static IndexInfo **index_info = NULL;
 static int	index_info_count = 0;
+static int	index_info_room = 0;	/* entries allocated: at least one write's */
 static bool index_infos_stale = false;
 
-/* Marks the cached IndexInfo stale when a relcache entry goes. */
+/*
+ * Marks the cached IndexInfo stale, and forgets the facts of relation relid
+ * (all of them for InvalidOid), when a relcache entry goes.  Facts are
+ * marked, not moved: a write deciding on an entry may read invalidations
+ * meanwhile, and then decides for none.
+ */
 static void
-index_info_invalidate(Datum arg, Oid relid)
+relcache_invalidate(Datum arg, Oid relid)
 {
 	index_infos_stale = true;
+	if (!OidIsValid(relid))
+		rel_facts_count = 0;
+	for (int i = 0; i < rel_facts_count; i++)
+		if (rel_facts[i].relid == relid)
+			rel_facts[i].relid = InvalidOid;
+}
+
+/* Registers relcache_invalidate, once (PostgreSQL has few slots for such callbacks). */
+static void
+register_invalidation(void)
+{
+	static bool registered = false;
+
+	if (!registered)
+		CacheRegisterRelcacheCallback(relcache_invalidate, (Datum) 0);
+	registered = true;
 }
 
 /*
  * Empties the cache if an invalidation made it stale or it has no room for
- * n more; none of it may be in use.
+ * n more, making room for at least n (a table has no limit on indexes: a
+ * REINDEX CONCURRENTLY doubles them while it runs); none of it may be in use.
  */
 static void
 make_room_for_index_infos(int n)
@@ -110,14 +169,105 @@ make_room_for_index_infos(int n)
 	{
 		index_info_cxt = AllocSetContextCreate(CacheMemoryContext, "idempotency index info",
 											   ALLOCSET_SMALL_SIZES);
-		CacheRegisterRelcacheCallback(index_info_invalidate, (Datum) 0);
+		register_invalidation();
 	}
-	if (!index_infos_stale && index_info_count + n <= MAX_CACHED_INDEX_INFOS)
+	if (!index_infos_stale && index_info_count + n <= index_info_room)
 		return;
 	MemoryContextReset(index_info_cxt);
 	index_estate = NULL;		/* it lived in index_info_cxt */
 	index_info_count = 0;
 	index_infos_stale = false;
+	index_info_room = Max(MAX_CACHED_INDEX_INFOS, n);
+	index_info_oid = MemoryContextAlloc(index_info_cxt, index_info_room * sizeof(Oid));
+	index_info = MemoryContextAlloc(index_info_cxt, index_info_room * sizeof(IndexInfo *));
+}
+
+/*
+ * Returns the facts of rel, the call's relation, open with its indexes;
+ * raises 42804 when a column's type changed (keys.c), and 40001 when its
+ * columns moved since the call described it (within a transaction that
+ * had not yet seen the change).
+ */
+static RelFacts *
+facts_of(const IdemCall *call, Relation rel)
+{
+	RelFacts   *f = NULL;
+
+	for (int i = 0; i < rel_facts_count && f == NULL; i++)
+		if (rel_facts[i].relid == RelationGetRelid(rel))
+			f = &rel_facts[i];
+	if (f == NULL)
+	{
+		IdemKeysRel described;
+
+		register_invalidation();
+		idem_keys_rel_describe(rel, &described);
+		if (rel_facts_count == MAX_REL_FACTS)
+			rel_facts_count = 0;
+		f = &rel_facts[rel_facts_count++];
+		f->relid = RelationGetRelid(rel);
+		memcpy(f->att, described.att, sizeof(f->att));
+		f->direct = -1;
+	}
+	if (memcmp(f->att, call->rel.att, sizeof(f->att)) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("the columns of %s changed during the transaction", call->rel.name),
+				 errhint("Retry the transaction.")));
+	return f;
+}
+
+/* Returns the column of rel's attribute attnum, or -1 for a column of the DBA's. */
+static int
+column_of(const RelFacts *f, AttrNumber attnum)
+{
+	for (int i = 0; i < IDEM_NUM_COLS; i++)
+		if (f->att[i] == attnum)
+			return i;
+	return -1;
+}
+
+/*
+ * Tells whether the direct writes do on k's table exactly what INSERT and
+ * UPDATE would: nothing runs there that they skip (a trigger, foreign
+ * keys' included, a rule, a policy, a CHECK constraint), no column gets a
+ * value they do not give it (a default, an identity, a generated column, a
+ * domain's check on a DBA's column) or refuses the NULL they leave, and no
+ * index decides what they do not (a unique index other than the primary
+ * key, whose violation is an error, not a claim's conflict; an exclusion
+ * constraint; a deferred primary key).  Otherwise a write takes the
+ * executor (keys.c's plans).
+ */
+static bool
+writes_are_plain(const KeysRel *k, const RelFacts *f)
+{
+	Relation	rel = k->rel;
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	if (rel->rd_rel->relrowsecurity || rel->trigdesc != NULL || rel->rd_rules != NULL ||
+		(desc->constr != NULL && desc->constr->num_check > 0))
+		return false;
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute attr = TupleDescAttr(desc, i);
+		int			col = column_of(f, attr->attnum);
+
+		if (attr->attisdropped)
+			continue;
+		if (attr->atthasdef || attr->attidentity || attr->attgenerated ||
+			(attr->attnotnull && (col < 0 || !(ALWAYS_SET_COLUMNS & (1 << col)))) ||
+			(col < 0 && get_typtype(attr->atttypid) == TYPTYPE_DOMAIN))
+			return false;
+	}
+	for (int i = 0; i < k->nindexes; i++)
+	{
+		Form_pg_index index = k->indexes[i]->rd_index;
+
+		if ((index->indisunique && (!index->indisprimary || !index->indimmediate)) ||
+			k->info[i]->ii_ExclusionOps != NULL)
+			return false;
+	}
+	return true;
 }
 
 /*
@@ -191,17 +341,21 @@ cached_index_info(Relation index)
 	return info;
 }
 
-/* Opens the call's table and all its indexes for a write (locks kept to the end of the transaction). */
+/*
+ * Opens the call's table and all its indexes for a write (locks kept to the
+ * end of the transaction), and tells whether the direct write may be taken.
+ */
 static void
 keys_open(const IdemCall *call, KeysRel *k)
 {
 	List	   *oids;
 	ListCell   *lc;
+	RelFacts   *f;
 
 	k->rel = table_open(call->rel.relid, RowExclusiveLock);
 	oids = RelationGetIndexList(k->rel);
-	if (list_length(oids) > MAX_KEYS_INDEXES)
-		elog(ERROR, "%s has more than %d indexes", call->rel.name, MAX_KEYS_INDEXES);
+	k->indexes = palloc(Max(list_length(oids), 1) * sizeof(Relation));
+	k->info = palloc(Max(list_length(oids), 1) * sizeof(IndexInfo *));
 	k->nindexes = 0;
 	foreach(lc, oids)
 		k->indexes[k->nindexes++] = index_open(lfirst_oid(lc), RowExclusiveLock);
@@ -209,16 +363,11 @@ keys_open(const IdemCall *call, KeysRel *k)
 	/* Opening the indexes read the invalidations: only now can the cache be emptied. */
 	make_room_for_index_infos(k->nindexes);
 	for (int i = 0; i < k->nindexes; i++)
-	{
 		k->info[i] = cached_index_info(k->indexes[i]);
-		if (k->info[i]->ii_ExclusionOps != NULL)
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("%s has an exclusion constraint, which the extension cannot maintain",
-							call->rel.name),
-					 errhint("Drop the constraint \"%s\".",
-							 RelationGetRelationName(k->indexes[i]))));
-	}
+	f = facts_of(call, k->rel);
+	if (f->direct < 0)
+		f->direct = writes_are_plain(k, f);
+	k->direct = f->direct;
 }
 
 /* Closes what keys_open opened, keeping the locks. */
@@ -228,6 +377,8 @@ keys_close(KeysRel *k)
 	for (int i = 0; i < k->nindexes; i++)
 		index_close(k->indexes[i], NoLock);
 	table_close(k->rel, NoLock);
+	pfree(k->indexes);
+	pfree(k->info);
 }
 
 /* Starts an index scan of the primary key for the records of (scope, key). */
@@ -361,6 +512,25 @@ read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, Idem
 }
 
 /*
+ * Raises 0A000 when row-level security applies to the table's owner, as
+ * whom the call runs (FORCE ROW LEVEL SECURITY, an owner that is neither
+ * superuser nor BYPASSRLS): claim's read, which does without the
+ * executor, cannot apply policies, and must not read past them.
+ */
+static void
+refuse_owner_rls(const IdemCall *call, Relation rel)
+{
+	if (rel->rd_rel->relrowsecurity &&
+		check_enable_rls(RelationGetRelid(rel), InvalidOid, true) == RLS_ENABLED)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("row-level security of %s applies to its owner, as whom the API runs",
+						call->rel.name),
+				 errdetail("The API reads its records without the policies that would hide them."),
+				 errhint("Use ALTER TABLE %s NO FORCE ROW LEVEL SECURITY.", call->rel.name)));
+}
+
+/*
  * Reads the record of (scope, key) that the caller sees into rec (its own
  * first, live before expired at now); false when there is none.  A plain
  * index lookup through the primary key with a new snapshot, as a READ
@@ -388,6 +558,8 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	rel = table_open(call->rel.relid, RowExclusiveLock);
 	pk = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
+	(void) facts_of(call, rel);
+	refuse_owner_rls(call, rel);
 	slot = table_slot_create(rel, NULL);
 	scan = begin_key_scan(rel, pk, snapshot, scope, key);
 
@@ -518,6 +690,13 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 	bool		inserted;
 
 	keys_open(call, &k);
+	if (!k.direct)
+	{
+		keys_close(&k);
+		return idem_keys_insert_sql(call, scope, key, fingerprint, lease, now,
+									idem_interval_end(now, retention),
+									idem_interval_end(now, lease), fence);
+	}
 	desc = RelationGetDescr(k.rel);
 	values = palloc0(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
@@ -599,6 +778,13 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 	bool		done = false;
 
 	keys_open(call, &k);
+	if (!k.direct)
+	{
+		keys_close(&k);
+		return idem_keys_complete_sql(call, scope, key, fence, status_code, headers, body, now);
+	}
+	/* As an UPDATE: refused when a publication needs a replica identity the table lacks. */
+	CheckCmdReplicaIdentity(k.rel, CMD_UPDATE);
 	desc = RelationGetDescr(k.rel);
 	old_slot = table_slot_create(k.rel, NULL);
 	new_slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
