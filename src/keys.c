@@ -189,14 +189,14 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	/* The executor's forms of keysheap.c's direct insert and update. */
 	[PLAN_INSERT] = {
 		"INSERT INTO idempotency.keys (fence, created_at, expires_at, lease_expires_at, lease,"
-		" attempt, state, owner, scope, key, fingerprint)"
-		" VALUES ($9, $6, $7, $8, $5, 1, " IN_PROGRESS ", $3, $1, $2, $4)"
+		" attempt, state, owner, scope, key, fingerprint" TOKEN_ONLY(", token") ")"
+		" VALUES ($9, $6, $7, $8, $5, 1, " IN_PROGRESS ", $3, $1, $2, $4" TOKEN_ONLY(", $10") ")"
 		" ON CONFLICT (key, scope, owner) DO NOTHING",
-		9, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-		TIMESTAMPTZOID, INT8OID}
+		10, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+		TIMESTAMPTZOID, INT8OID, UUIDOID}
 	},
 	[PLAN_COMPLETE] = {
-		"UPDATE idempotency.keys SET state = " COMPLETED ", status_code = $5, headers = $6,"
+		"UPDATE idempotency.keys SET" SET_TOKEN("NULL") " state = " COMPLETED ", status_code = $5, headers = $6,"
 		" body = $7, completed_at = $8, lease_expires_at = NULL, lease = NULL"
 		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$8") ")",
 		8, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INT4OID, JSONBOID, BYTEAOID, TIMESTAMPTZOID}
@@ -278,6 +278,7 @@ static const Oid column_types[IDEM_NUM_COLS] = {
 	[IDEM_COL_RECOVERY_STATE] = JSONBOID,
 	[IDEM_COL_HEADERS] = JSONBOID,
 	[IDEM_COL_BODY] = BYTEAOID,
+	[IDEM_COL_TOKEN] = UUIDOID,
 };
 
 PG_FUNCTION_INFO_V1(idempotency_fence_at_least);
@@ -370,7 +371,8 @@ idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
 		out->att[i] = attnameAttNum(rel, column_names[i], false);
 		if (out->att[i] == InvalidAttrNumber && i != IDEM_COL_TOKEN)
 			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
-		check_column_type(rel, name, (IdemKeysColumn) i, out->att[i]);
+		if (out->att[i] != InvalidAttrNumber)
+			check_column_type(rel, name, (IdemKeysColumn) i, out->att[i]);
 	}
 }
 
@@ -903,20 +905,23 @@ idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
  * idem_keys_insert through the executor, for a table on which the direct
  * insert would not do what INSERT does (keysheap.c): the primary key is the
  * only arbiter, any other unique violation is an error.  Returns false when
- * a record of (scope, key, caller) exists already; sets *fence.
+ * a record of (scope, key, caller) exists already; sets *fence.  The token
+ * (NULL: none) is stored as the direct insert stores it.
  */
 bool
 idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 					 Interval *lease, TimestampTz now, TimestampTz expires_at,
-					 TimestampTz lease_expires_at, int64 *fence)
+					 TimestampTz lease_expires_at, const pg_uuid_t *token, int64 *fence)
 {
 	int64		new_fence = idem_keys_next_fence(0);
-	Datum		values[9] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[10] = {PointerGetDatum(scope), PointerGetDatum(key),
 		ObjectIdGetDatum(call->caller), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
 		TimestampTzGetDatum(now), TimestampTzGetDatum(expires_at),
-	TimestampTzGetDatum(lease_expires_at), Int64GetDatum(new_fence)};
+		TimestampTzGetDatum(lease_expires_at), Int64GetDatum(new_fence),
+	UUIDPGetDatum(token)};
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', token ? ' ' : 'n'};
 
-	if (run_plan(PLAN_INSERT, call, values, NULL, false) != 1)
+	if (run_plan(PLAN_INSERT, call, values, nulls, false) != 1)
 		return false;
 	*fence = new_fence;
 	return true;

@@ -695,7 +695,7 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 		keys_close(&k);
 		return idem_keys_insert_sql(call, scope, key, fingerprint, lease, now,
 									idem_interval_end(now, retention),
-									idem_interval_end(now, lease), fence);
+									idem_interval_end(now, lease), token, fence);
 	}
 	desc = RelationGetDescr(k.rel);
 	values = palloc0(desc->natts * sizeof(Datum));
