@@ -60,6 +60,14 @@ CREATE TRIGGER keys_seen AFTER INSERT OR UPDATE ON idempotency.keys
 SELECT outcome FROM idempotency.claim('Trig-1', '\x01', scope => 'changes');
 SELECT idempotency.complete('FK-1', :fk_fence, 200, scope => 'changes');
 SELECT * FROM public.idem_seen ORDER BY op;
+-- The executor's insert stores claim's token (its own claim is answered
+-- again), and its update clears it.
+SELECT fence AS trig_fence FROM idempotency.claim('Trig-2', '\x01', scope => 'changes',
+  token => '00000000-0000-4000-8000-000000000002') \gset
+SELECT outcome, fence = :trig_fence AS same_fence FROM idempotency.claim('Trig-2', '\x01',
+  scope => 'changes', token => '00000000-0000-4000-8000-000000000002');
+SELECT idempotency.complete('Trig-2', :trig_fence, 200, scope => 'changes');
+SELECT token IS NULL AS token_cleared FROM idempotency.keys WHERE key = 'Trig-2';
 DROP TRIGGER keys_seen ON idempotency.keys;
 DROP FUNCTION public.idem_seen_trigger();
 DROP TABLE public.idem_seen;
