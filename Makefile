@@ -28,12 +28,21 @@ DATA += sql/idempotency_proxy--1.1.sql sql/idempotency_proxy--1.2.sql sql/idempo
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 SHLIB_LINK = -lcrypto
 
-# Every test runs against a server that has the library preloaded.
+# Every test runs against a server that has the library preloaded: by
+# default one that pg_regress starts for itself; with USE_RUNNING_SERVER=1,
+# the running server that PGHOST/PGPORT name (as PGXS's installcheck does),
+# which must preload it (shared_preload_libraries = 'idempotency').
 REGRESS = $(basename $(notdir $(sort $(wildcard test/sql/*.sql))))
-REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/preload.conf
 ISOLATION = $(basename $(notdir $(sort $(wildcard test/specs/*.spec))))
+ifdef USE_RUNNING_SERVER
+REGRESS_OPTS = --inputdir=test
+ISOLATION_OPTS = --inputdir=test
+else
+REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/preload.conf
 ISOLATION_OPTS = --inputdir=test --temp-instance=tmp_check_isolation --temp-config=test/preload.conf
-TAP_TESTS := $(if $(wildcard test/t/*.pl),1,)
+endif
+# TAP tests start servers of their own: not against a running server.
+TAP_TESTS := $(if $(USE_RUNNING_SERVER),,$(if $(wildcard test/t/*.pl),1,))
 PROVE_TESTS ?= test/t/*.pl
 
 EXTRA_CLEAN = tmp_check_regress tmp_check_isolation output_iso

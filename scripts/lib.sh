@@ -19,7 +19,8 @@ as_postgres() {
 install_packages() {
 	local want=(postgresql-15 postgresql-server-dev-15 postgresql-contrib
 		libssl-dev libipc-run-perl build-essential pgbouncer libfaketime postgresql-15-plproxy
-		curl ca-certificates python3-flask python3-psycopg nodejs npm ${EXTRA_PACKAGES:-})
+		curl ca-certificates python3-flask python3-psycopg nodejs npm
+		debootstrap debhelper postgresql-server-dev-all ${EXTRA_PACKAGES:-})
 	local list
 	# Each client package and example app lists the Debian packages it needs.
 	for list in clients/*/debian-packages.txt examples/*/debian-packages.txt; do
@@ -40,6 +41,13 @@ install_packages() {
 		as_root apt-get update -qq
 		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 	fi
+}
+
+# Copies the checkout's tracked and unignored files into DIR: a clean copy,
+# without object files built for another PostgreSQL.
+clean_copy() {
+	mkdir -p "$1"
+	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$1"
 }
 
 # Builds the extension and installs it into the server's directories.

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  * compat.h
- *	  The differences between PostgreSQL 13 and 17 that the extension meets,
- *	  kept in one place.
+ *	  The differences between the PostgreSQL majors the extension supports
+ *	  (15, 17 and 18; 16 compiles), kept in one place.  Each shim sits after
+ *	  the headers that declare what it renames: include this file last.
  *-------------------------------------------------------------------------
  */
 #ifndef IDEMPOTENCY_COMPAT_H
@@ -9,6 +10,11 @@
 
 #include "miscadmin.h"
 #include "utils/guc.h"
+#include "utils/wait_event.h"
+
+#if PG_VERSION_NUM < 150000
+#error "idempotency needs PostgreSQL 15 or later"
+#endif
 
 /* PG 16 split the varlena macros (VARDATA_ANY, VARSIZE_ANY_EXHDR) out of postgres.h. */
 #if PG_VERSION_NUM >= 160000
@@ -20,32 +26,12 @@
 #define Abs(x) ((x) >= 0 ? (x) : -(x))
 #endif
 
-/* PG 15 renamed EmitWarningsOnPlaceholders and made it reserve the prefix. */
-#if PG_VERSION_NUM < 150000
-#define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
-#endif
-
-/* PG 15 added shmem_request_hook; before it, space is requested in _PG_init. */
-#if PG_VERSION_NUM >= 150000
+/* PG 15 added shmem_request_hook (every supported major has it). */
 #define IDEM_HAVE_SHMEM_REQUEST_HOOK 1
-#endif
 
-/* PG 14 moved the wait events out of pgstat.h. */
-#if PG_VERSION_NUM >= 140000
-#include "utils/wait_event.h"
-#else
-#include "pgstat.h"
-#endif
-
-/* Minor releases before 13.12, 14.9 and 15.4 lack this marker of a half-dropped database. */
+/* Minor releases before 15.4 lack this marker of a half-dropped database. */
 #ifndef DATCONNLIMIT_INVALID_DB
 #define DATCONNLIMIT_INVALID_DB -2
-#endif
-
-/* PG 14 named the string-key flag of hash_create (before it, the default) and pg_monitor's OID. */
-#if PG_VERSION_NUM < 140000
-#define HASH_STRINGS 0
-#define ROLE_PG_MONITOR DEFAULT_ROLE_MONITOR
 #endif
 
 /* PG 16 exported guc_malloc; before it, a check hook's extra block comes from malloc. */
@@ -77,10 +63,31 @@
 							  PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false))
 #endif
 
-/* PG 14 added index_insert's indexUnchanged hint. */
-#if PG_VERSION_NUM < 140000
-#define index_insert(index, values, isnull, tid, heap, check, unchanged, info) \
-	index_insert(index, values, isnull, tid, heap, check, info)
+/*
+ * PG 18 gave ConditionalXactLockTableWait a flag to log the failure (the
+ * log_lock_failures setting, meant for NOWAIT and SKIP LOCKED).  Ours is the
+ * probe before a timed wait, not a refusal the user asked for: never logged.
+ */
+#if PG_VERSION_NUM >= 180000
+#define ConditionalXactLockTableWait(xid) ConditionalXactLockTableWait(xid, false)
+#endif
+
+/*
+ * PG 18 lets an index scan count its searches for EXPLAIN ANALYZE
+ * (IndexScanInstrumentation); our scans are not in a plan: none.
+ */
+#if PG_VERSION_NUM >= 180000
+#define index_beginscan(heap, index, snapshot, nkeys, norderbys) \
+	index_beginscan(heap, index, snapshot, NULL, nkeys, norderbys)
+#endif
+
+/*
+ * PG 18's relcache remembers a deferrable primary key too and returns it
+ * only when asked.  The executor-free writes rely on an immediate one (a
+ * unique check at insert time), as RelationGetPrimaryKeyIndex gave before 18.
+ */
+#if PG_VERSION_NUM >= 180000
+#define RelationGetPrimaryKeyIndex(rel) RelationGetPrimaryKeyIndex(rel, false)
 #endif
 
 #endif							/* IDEMPOTENCY_COMPAT_H */

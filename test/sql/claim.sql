@@ -1,6 +1,14 @@
 -- claim: every outcome, in the order the design decides them
 CREATE EXTENSION IF NOT EXISTS idempotency;
 SET idempotency.lease = '60s';
+-- The test's clock: makes a record look claimed d earlier (every timestamp
+-- moved back), so that no step depends on how fast the previous one ran.
+CREATE FUNCTION pg_temp.age(k text, d interval) RETURNS void LANGUAGE sql AS $$
+	UPDATE idempotency.keys
+	SET created_at = created_at - d, expires_at = expires_at - d,
+		lease_expires_at = lease_expires_at - d, completed_at = completed_at - d
+	WHERE key = k
+$$;
 
 -- new: no record yet
 SELECT outcome, fence > 0 AS has_fence, attempt, retry_after, created_at IS NOT NULL AS has_created
@@ -61,21 +69,21 @@ SELECT outcome, attempt, body FROM idempotency.claim('job-1', '\x01');
 -- a taken-over, extended or checkpointed lease moves the record's expiry as
 -- far as its own end: the record does not expire under its owner, and a
 -- response stored at the lease's end is kept (retention - lease) after it
-SELECT fence AS f12 FROM idempotency.claim('life-1', '\x0d', lease => '100 milliseconds',
-                                           retention => '1s') \gset
-SELECT pg_sleep(0.15);
-SELECT outcome, attempt, fence AS f13 FROM idempotency.claim('life-1', '\x0d', lease => '10 min') \gset
+SELECT fence AS f12 FROM idempotency.claim('life-1', '\x0d', lease => '1 minute',
+                                           retention => '1 hour') \gset
+SELECT pg_temp.age('life-1', '2 minutes');
+SELECT outcome, attempt, fence AS f13 FROM idempotency.claim('life-1', '\x0d', lease => '10 hours') \gset
 SELECT :'outcome' AS outcome, :attempt AS attempt;
-SELECT expires_at - lease_expires_at >= '900 milliseconds' AS margin_kept
+SELECT expires_at - lease_expires_at >= '59 minutes' AS margin_kept
 FROM idempotency.keys WHERE key = 'life-1';
 SELECT idempotency.complete('life-1', :f13, 201, 'late');
-SELECT expires_at > completed_at + '9 minutes' AS kept_after_completion
+SELECT expires_at > completed_at + '10 hours 58 minutes' AS kept_after_completion
 FROM idempotency.keys WHERE key = 'life-1';
-SELECT fence AS f14 FROM idempotency.claim('life-2', '\x0e', lease => '1s', retention => '1s') \gset
+SELECT fence AS f14 FROM idempotency.claim('life-2', '\x0e', lease => '1 minute', retention => '1 minute') \gset
 SELECT idempotency.extend('life-2', :f14, '1 hour') IS NOT NULL AS extended;
 SELECT expires_at >= lease_expires_at AS expires_after_lease FROM idempotency.keys WHERE key = 'life-2';
-SELECT fence AS f15 FROM idempotency.claim('life-3', '\x0f', lease => '100 milliseconds',
-                                           retention => '100 milliseconds') \gset
+SELECT fence AS f15 FROM idempotency.claim('life-3', '\x0f', lease => '1 minute',
+                                           retention => '1 minute') \gset
 SELECT idempotency.checkpoint('life-3', :f15, 'step-1');
 SELECT expires_at >= lease_expires_at AS expires_after_lease FROM idempotency.keys WHERE key = 'life-3';
 -- an owner whose record expired (lease and retention ended) has lost it, as
@@ -95,20 +103,20 @@ SELECT outcome FROM idempotency.claim('job-2', '\x03');
 SELECT fence = :f3 AS same_owner FROM idempotency.keys WHERE key = 'job-2';
 
 -- an expired record counts as absent: new, attempt 1, any fingerprint
-SELECT fence AS f4 FROM idempotency.claim('old-1', '\x04', lease => '10 milliseconds',
-                                          retention => '10 milliseconds') \gset
+SELECT fence AS f4 FROM idempotency.claim('old-1', '\x04', lease => '1 minute',
+                                          retention => '1 minute') \gset
 SELECT idempotency.complete('old-1', :f4, 200, 'old');
-SELECT pg_sleep(0.05);
+SELECT pg_temp.age('old-1', '2 minutes');
 SELECT outcome, fence > :f4 AS larger_fence, attempt, recovery_point
 FROM idempotency.claim('old-1', '\x05');
 SELECT state, body IS NULL AS body_cleared, fingerprint FROM idempotency.keys WHERE key = 'old-1';
 
 -- an expired in_progress record is absent only once its lease has ended too
 -- (a lease extended past the retention, which moves the expiry with it)
-SELECT fence AS f5 FROM idempotency.claim('old-2', '\x06', lease => '10 milliseconds',
-                                          retention => '10 milliseconds') \gset
-SELECT idempotency.extend('old-2', :f5, '60s') > clock_timestamp() AS extended;
-SELECT pg_sleep(0.05);
+SELECT fence AS f5 FROM idempotency.claim('old-2', '\x06', lease => '1 minute',
+                                          retention => '1 minute') \gset
+SELECT idempotency.extend('old-2', :f5, '1 hour') > clock_timestamp() AS extended;
+SELECT pg_temp.age('old-2', '2 minutes');
 SELECT outcome FROM idempotency.claim('old-2', '\x07');
 SELECT outcome FROM idempotency.claim('old-2', '\x06');
 

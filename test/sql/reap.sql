@@ -13,28 +13,37 @@ SELECT idempotency.reap(-1);
 BEGIN;
 DELETE FROM idempotency.keys;
 SELECT reaped AS reaped_before FROM idempotency.stats \gset
+-- The test's clock: makes records look claimed d earlier (every timestamp
+-- moved back), so that no step depends on how fast the previous one ran.
+CREATE FUNCTION pg_temp.age(pattern text, d interval) RETURNS void LANGUAGE sql AS $$
+	UPDATE idempotency.keys
+	SET created_at = created_at - d, expires_at = expires_at - d,
+		lease_expires_at = lease_expires_at - d, completed_at = completed_at - d
+	WHERE key LIKE pattern
+$$;
 
 -- nothing to reap
 SELECT idempotency.reap() AS reaped;
 
--- one record of each kind; only the first two are expired
+-- one record of each kind; only the first two are expired once two
+-- minutes have passed
 SELECT k, c.outcome, idempotency.complete(k, c.fence, 200) AS completed
-FROM (VALUES ('completed-expired', interval '1 ms'),
+FROM (VALUES ('completed-expired', interval '1 min'),
              ('completed-live', interval '1 hour')) v(k, r),
      LATERAL idempotency.claim(k, '\x01', lease => r, retention => r) c;
 -- a lease longer than the retention: extended after the claim
 SELECT k, c.outcome,
        CASE WHEN l > r THEN idempotency.extend(k, c.fence, l) > clock_timestamp() END AS extended
-FROM (VALUES ('in-progress-both-ended', interval '1 ms', interval '1 ms'),
-             ('in-progress-lease-live', interval '1 hour', interval '1 ms'),
-             ('in-progress-retention-live', interval '1 ms', interval '1 hour')) v(k, l, r),
+FROM (VALUES ('in-progress-both-ended', interval '1 min', interval '1 min'),
+             ('in-progress-lease-live', interval '1 hour', interval '1 min'),
+             ('in-progress-retention-live', interval '1 min', interval '1 hour')) v(k, l, r),
      LATERAL idempotency.claim(k, '\x01', lease => LEAST(l, r), retention => r) c;
+SELECT pg_temp.age('%', '2 minutes');
 -- extend moves the expiry with the lease, so the API never leaves a record
 -- expired under a live lease (claim.sql); a clock stepped back can: made so
 -- here by hand, reap must still spare it
-UPDATE idempotency.keys SET expires_at = created_at + interval '1 ms'
+UPDATE idempotency.keys SET expires_at = created_at + interval '1 min'
 WHERE key = 'in-progress-lease-live';
-SELECT pg_sleep(0.05);
 
 -- the completed record past its retention, and the in_progress one past
 -- both its retention and its lease
@@ -52,11 +61,11 @@ SELECT outcome, attempt FROM idempotency.claim('completed-expired', '\x02');
 -- batch bounds each call, and the oldest expires_at goes first: claimed in
 -- this order, these expire in the reverse one
 SELECT k, c.outcome, idempotency.complete(k, c.fence, 200) AS completed
-FROM (VALUES ('expires-5th', interval '500 ms'), ('expires-4th', interval '400 ms'),
-             ('expires-3rd', interval '300 ms'), ('expires-2nd', interval '200 ms'),
-             ('expires-1st', interval '100 ms')) v(k, r),
+FROM (VALUES ('expires-5th', interval '5 hours'), ('expires-4th', interval '4 hours'),
+             ('expires-3rd', interval '3 hours'), ('expires-2nd', interval '2 hours'),
+             ('expires-1st', interval '1 hour')) v(k, r),
      LATERAL idempotency.claim(k, '\x01', lease => r, retention => r) c;
-SELECT pg_sleep(0.6);
+SELECT pg_temp.age('expires-%', '6 hours');
 SELECT idempotency.reap(2) AS reaped;
 SELECT key FROM idempotency.keys WHERE key LIKE 'expires-%' ORDER BY key;
 SELECT idempotency.reap(2) AS reaped;
@@ -66,9 +75,9 @@ SELECT idempotency.reap(2) AS reaped;
 SELECT count(*) AS expiring_left FROM idempotency.keys WHERE key LIKE 'expires-%';
 
 -- NULL: a batch of idempotency.reaper_batch (10000 by default)
-SELECT count(idempotency.claim('bulk-' || g, '\x01', lease => '1 ms', retention => '1 ms'))
+SELECT count(idempotency.claim('bulk-' || g, '\x01', lease => '1 min', retention => '1 min'))
 FROM generate_series(1, 10005) g;
-SELECT pg_sleep(0.05);
+SELECT pg_temp.age('bulk-%', '2 minutes');
 SELECT idempotency.reap(NULL) AS reaped;
 SELECT idempotency.reap() AS reaped;
 

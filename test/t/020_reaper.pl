@@ -36,7 +36,12 @@ for my $db (@dbs)
 	$node->safe_psql($db, q{
 		CREATE EXTENSION idempotency;
 		SELECT idempotency.complete('done', fence, 200, 'x')
-		FROM idempotency.claim('done', '\x01', lease => '1 ms', retention => '1 ms');
+		FROM idempotency.claim('done', '\x01', lease => '1 min', retention => '1 min');
+		-- two minutes pass for it (completed while it still owned its claim)
+		UPDATE idempotency.keys SET created_at = created_at - interval '2 min',
+			expires_at = expires_at - interval '2 min',
+			completed_at = completed_at - interval '2 min'
+		WHERE key = 'done';
 		SELECT idempotency.claim('dead', '\x01', lease => '1 ms', retention => '1 ms');
 		SELECT count(idempotency.claim('bulk' || g, '\x01', lease => '1 ms',
 									   retention => '1 ms'))
@@ -44,7 +49,7 @@ for my $db (@dbs)
 		SELECT idempotency.complete('live', fence, 200, 'x')
 		FROM idempotency.claim('live', '\x01');
 		SELECT idempotency.extend('leased', fence, '1 h')
-		FROM idempotency.claim('leased', '\x01', lease => '1 ms', retention => '1 ms');
+		FROM idempotency.claim('leased', '\x01', lease => '1 min', retention => '1 min');
 		SELECT idempotency.claim('abandoned', '\x01', lease => '1 ms', retention => '1 h');
 		SELECT pg_sleep(0.05);
 	});

@@ -93,11 +93,18 @@ my @reaped_before = map {
 	$_->safe_psql('postgres', 'SELECT reaped FROM idempotency.stats')
 } @shards;
 on_proxy(join ";\n",
-	map { "SELECT idempotency.claim('short', '\\x01', '$_', lease => '100 ms', retention => '200 ms')" }
+	map { "SELECT idempotency.claim('short', '\\x01', '$_', lease => '1 min', retention => '1 min')" }
 	  (@on0, @on1));
 is( join(',', map { $_->safe_psql('postgres',
 	"SELECT count(*) FROM idempotency.keys WHERE key = 'short'") } @shards),
 	'2,2', 'two short-lived records on each shard');
+# Two minutes pass for them (every timestamp moved back): they expire now,
+# not while the count above runs.
+$_->safe_psql('postgres',
+	"UPDATE idempotency.keys SET created_at = created_at - interval '2 min', "
+	  . "expires_at = expires_at - interval '2 min', "
+	  . "lease_expires_at = lease_expires_at - interval '2 min' WHERE key = 'short'")
+  foreach @shards;
 foreach my $i (0, 1)
 {
 	ok( wait_until(
