@@ -8,12 +8,13 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const net = require('node:net');
-const { spawn, execFileSync } = require('node:child_process');
-const path = require('node:path');
+const { execFileSync } = require('node:child_process');
+const { startProxy: start } = require('./start');
 
 const TARGET = process.env.FAULTPROXY_TARGET;
 const DB = process.env.PGDATABASE;
 const USER = process.env.PGUSER ?? 'postgres';
+const startProxy = () => start(TARGET);
 
 // Builds a typed frontend message.
 function message(type, ...parts) {
@@ -119,28 +120,6 @@ function rows(messages) {
     }
   }
   return out;
-}
-
-// Starts the proxy in front of TARGET; resolves to { port, control(method, path), stop }.
-function startProxy() {
-  const child = spawn(process.execPath, [path.join(__dirname, 'faultproxy.js'), '--target', TARGET],
-    { stdio: ['ignore', 'pipe', 'inherit'] });
-  return new Promise((resolve, reject) => {
-    child.on('error', reject);
-    child.stdout.once('data', (line) => {
-      const { listen, control } = JSON.parse(line);
-      resolve({
-        port: listen,
-        async control(method, route) {
-          const res = await fetch(`http://127.0.0.1:${control}${route}`, { method });
-          const body = await res.json();
-          if (!res.ok) throw new Error(`${route}: ${res.status} ${JSON.stringify(body)}`);
-          return body;
-        },
-        stop() { child.kill(); },
-      });
-    });
-  });
 }
 
 // Runs sql on the server directly (not through the proxy).

@@ -8,7 +8,7 @@
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { spawn } = require('node:child_process');
+const path = require('node:path');
 const express = require('express');
 const { Pool } = require('pg');
 const { idempotency } = require('pg-idempotency');
@@ -22,27 +22,12 @@ let proxy;
 let proxied;
 let server;
 
-// Starts the fault proxy in front of DATABASE_URL's server; resolves to { port, control, stop }.
+// Starts the fault proxy in front of DATABASE_URL's server.
 function startProxy() {
-  const target = new URL(process.env.DATABASE_URL);
   if (!process.env.FAULTPROXY) throw new Error('FAULTPROXY must name examples/faultproxy/faultproxy.js');
-  const child = spawn(process.execPath, [process.env.FAULTPROXY, '--target',
-    `${target.hostname}:${target.port || 5432}`], { stdio: ['ignore', 'pipe', 'inherit'] });
-  return new Promise((resolve, reject) => {
-    child.on('error', reject);
-    child.stdout.once('data', (line) => {
-      const { listen: port, control } = JSON.parse(line);
-      resolve({
-        port,
-        async control(method, route) {
-          const res = await fetch(`http://127.0.0.1:${control}${route}`, { method });
-          if (!res.ok) throw new Error(`${route}: ${res.status}`);
-          return res.json();
-        },
-        stop: () => child.kill(),
-      });
-    });
-  });
+  const target = new URL(process.env.DATABASE_URL);
+  const { startProxy: start } = require(path.join(path.dirname(process.env.FAULTPROXY), 'start.js'));
+  return start(`${target.hostname}:${target.port || 5432}`);
 }
 
 // Returns a pg.Pool on the test database through the proxy (no 'error' listener of its own).
