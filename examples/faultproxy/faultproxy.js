@@ -14,7 +14,8 @@
 //   POST /cut?match=REGEX[&times=N][&scope=statement|transaction]
 //       Arms a cut (replacing any armed one): the next N (default 1) times a
 //       client sends a statement whose SQL text matches REGEX (JavaScript,
-//       case-insensitive; the text of a Query, or the Parse behind a Bind),
+//       case-insensitive; the text of a Query, or of the Parse behind the
+//       Bind behind an Execute: a Parse or Describe alone does not count),
 //       the proxy lets the server answer and, once the server's
 //       ReadyForQuery has arrived, closes both sides of that connection
 //       instead of passing the answer on. The server has done the work; the
@@ -119,6 +120,7 @@ class Session {
     this.pending = [null];
     this.extended = null; // the cut hit by the extended-protocol messages since the last Sync
     this.statements = new Map(); // prepared statement name => SQL text
+    this.portals = new Map(); // portal name => the SQL text of its statement
     this.cutAtIdle = false; // scope=transaction: cut at the next idle ReadyForQuery
     this.held = []; // server messages held back until the ReadyForQuery that decides
     this.closed = false;
@@ -181,14 +183,12 @@ class Session {
       this.pending.push(hits(cstring(m, 5)[0]));
     } else if (type === 'P') {
       const [name, next] = cstring(m, 5);
-      const [sql] = cstring(m, next);
-      this.statements.set(name, sql);
-      this.extended ??= hits(sql);
+      this.statements.set(name, cstring(m, next)[0]);
     } else if (type === 'B') {
-      const [, next] = cstring(m, 5); // the portal
-      const [name] = cstring(m, next);
-      // A Parse in the same batch has been counted already.
-      if (this.statements.has(name)) this.extended ??= hits(this.statements.get(name));
+      const [portal, next] = cstring(m, 5);
+      this.portals.set(portal, this.statements.get(cstring(m, next)[0]) ?? '');
+    } else if (type === 'E') { // only an execution counts: a Parse or Describe alone runs nothing
+      this.extended ??= hits(this.portals.get(cstring(m, 5)[0]) ?? '');
     } else if (type === 'S') {
       this.pending.push(this.extended);
       this.extended = null;

@@ -177,15 +177,19 @@ test('a cut claim is committed, yet its client got no answer', async () => {
   again.close();
 });
 
-test('a statement prepared before the cut is cut at its Bind', async () => {
+test('a named statement is cut at its execution, not at its Parse or Describe', async () => {
   const w = await Wire.open(proxy.port);
   const sql = 'SELECT outcome FROM idempotency.claim($1, $2::bytea)';
   w.socket.write(Wire.execute('claim', sql, [`fp-bind1-${RUN}`, '\\x01']));
   assert.deepEqual(rows(await w.untilReady()), ['new']);
   await proxy.control('POST', '/cut?match=idempotency%5C.claim');
-  w.socket.write(Wire.execute('claim', null, [`fp-bind2-${RUN}`, '\\x01']));
+  // Parsed and described again (as pgx does before running it): nothing ran, nothing cut.
+  w.socket.write(Buffer.concat([message('P', 'claim2', sql, int16(0)), message('D', 'Sclaim2'), message('S')]));
+  await w.untilReady();
+  w.socket.write(Wire.execute('claim', null, [`fp-bind2-${RUN}`, '\\x01'])); // Bind and Execute only
   await assert.rejects(w.untilReady(), /connection closed/);
   assert.deepEqual(await direct(`SELECT state FROM idempotency.lookup('fp-bind2-${RUN}')`), ['in_progress']);
+  assert.equal((await proxy.control('GET', '/stats')).matched, 1);
 });
 
 test('pipelined: the answers before the cut one arrive', async () => {
