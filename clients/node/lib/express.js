@@ -186,7 +186,7 @@ function idempotency(pool, options = {}) {
   // opts.retries times) while the answer is lost: a claim that committed
   // unheard answers new again. Resolves to { claim, db }; when new, db is
   // in the transaction the handler gets.
-  async function claimOnce(c) {
+  async function claimRecovering(c) {
     for (let attempt = 0; ; attempt++) {
       if (attempt > 0) await sleep(opts.retryDelay * 2 ** (attempt - 1));
       let db = null;
@@ -221,7 +221,7 @@ function idempotency(pool, options = {}) {
     };
     let got;
     try {
-      got = await claimOnce(c);
+      got = await claimRecovering(c);
     } catch (err) {
       if (err.code === '22023') return invalidKey(res); // a key the extension refuses
       if (!opts.failOpen) return unavailable(res, err);
@@ -289,7 +289,7 @@ function idempotency(pool, options = {}) {
   async function recover(req, res, next, c) {
     let got;
     try {
-      got = await claimOnce(c);
+      got = await claimRecovering(c);
     } catch (err) {
       opts.log(`the COMMIT's answer was lost and the database cannot tell: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
