@@ -181,3 +181,52 @@ pay() {
 header_of() {
 	grep -i "^$2:" "$1.headers" | head -n 1 | cut -d: -f2- | tr -d '\r' | sed 's/^ *//'
 }
+
+# The checks of the suites (test-e2e, test-faults): each records its result
+# in PASSED and FAILED, under the app in APP; sql_is reads the app's database at $DB.
+
+# Records one check: check NAME COMMAND...; the command's output explains a failure.
+check() {
+	local name=$1 out
+	shift
+	if out=$("$@" 2>&1); then
+		echo "PASS: $APP: $name"
+		PASSED=$((PASSED + 1))
+	else
+		echo "FAIL: $APP: $name"
+		[ -z "$out" ] || echo "    ${out//$'\n'/$'\n'    }"
+		FAILED=$((FAILED + 1))
+	fi
+}
+
+# True when response $1 has status $2.
+status_is() {
+	[ "$(cat "$1.status")" = "$2" ] && return 0
+	echo "expected status $2, got $(cat "$1.status"): $(cat "$1.body" 2>/dev/null)"
+	return 1
+}
+
+# True when response $1 has header $2 with value $3 ('' for: absent).
+header_is() {
+	local got
+	got=$(header_of "$1" "$2")
+	[ "$got" = "$3" ] && return 0
+	echo "expected $2: '$3', got '$got'"
+	return 1
+}
+
+# True when the bodies of responses $1 and $2 are the same bytes.
+same_body() {
+	cmp -s "$1.body" "$2.body" && return 0
+	echo "bodies differ: '$(cat "$1.body")' and '$(cat "$2.body")'"
+	return 1
+}
+
+# True when SQL $1 on the app's database prints $2.
+sql_is() {
+	local got
+	got=$(ex_sql "$DB" "$1")
+	[ "$got" = "$2" ] && return 0
+	echo "expected '$2' from $1, got '$got'"
+	return 1
+}

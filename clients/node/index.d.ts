@@ -74,6 +74,8 @@ export interface ClaimOptions extends CallOptions {
   retention?: Interval | null;
   /** Wait up to this long for an in-progress owner before answering. */
   wait?: Interval | null;
+  /** This attempt's id (a UUID): the same token asked again answers new again while the claim is in progress. */
+  token?: string | null;
 }
 
 export interface CompleteOptions extends CallOptions {
@@ -121,6 +123,10 @@ export interface MiddlewareOptions {
   required?: boolean;
   /** When an idempotency call fails: false (default) answers 503, true runs the handler unguarded. */
   failOpen?: boolean;
+  /** How many times a claim whose answer was lost is asked again on a fresh connection (default 3), then 503. */
+  retries?: number;
+  /** Milliseconds before the first ask again, doubled each time (default 50). */
+  retryDelay?: number;
   /** How long a running request holds its key (default '60 seconds'). */
   lease?: Interval;
   /** How long a response is replayed (default: the setting idempotency.retention, 24h). */

@@ -9,7 +9,7 @@ const { fingerprint } = require('./fingerprint');
 const CLAIM = `SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
        recovery_state, retry_after, created_at
   FROM idempotency.claim($1, $2, scope => $3, lease => $4::interval,
-                         retention => $5::interval, wait => $6::interval)`;
+                         retention => $5::interval, wait => $6::interval, token => $7::uuid)`;
 const COMPLETE = 'SELECT idempotency.complete($1, $2, $3, $4, $5::jsonb, $6) AS result';
 // The same, keeping a 5xx response for this call (idempotency.store_server_errors on
 // until the end of its transaction).
@@ -73,10 +73,12 @@ class IdempotencyClient {
   }
 
   // Claims a key: { outcome: 'new' | 'replay' | 'in_progress' | 'mismatch', ... }.
+  // options.token (a UUID) names this attempt: asked again with the same
+  // token, a claim whose answer was lost answers new again (extension 1.2).
   async claim(key, fp, options = {}) {
     const o = { ...this.defaults, ...options };
     const { rows } = await (o.db ?? this.db).query(CLAIM, [key, bytes(fp), o.scope,
-      interval(o.lease), interval(o.retention), interval(o.wait)]);
+      interval(o.lease), interval(o.retention), interval(o.wait), o.token ?? null]);
     const r = rows[0];
     return {
       outcome: r.outcome, fence: r.fence, attempt: r.attempt, statusCode: r.status_code,

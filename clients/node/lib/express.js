@@ -9,7 +9,7 @@
 const crypto = require('node:crypto');
 const { fingerprint } = require('./fingerprint');
 const { parseIdempotencyKey } = require('./key');
-const { IdempotencyClient } = require('./client');
+const { IdempotencyClient, ClaimLostError } = require('./client');
 
 const DEFAULTS = {
   methods: ['POST', 'PATCH'], // the methods that take a key
@@ -22,7 +22,13 @@ const DEFAULTS = {
   scope: credentialScope, // (req) => the caller's scope
   problemTypes: {}, // code => the URI of its problem type (default about:blank)
   log: (message) => console.error(`pg-idempotency: ${message}`),
+  retries: 3, // how many times a claim whose answer was lost is asked again, then 503
+  retryDelay: 50, // milliseconds before the first ask again, doubled each time
 };
+
+// The detail of a 503 after a lost COMMIT whose outcome the database could not tell.
+const UNKNOWN = 'The connection to the database was lost while this request was committed; ' +
+  'whether it took effect is not known. Retry with the same Idempotency-Key.';
 
 const TITLES = {
   400: 'Bad Request', 409: 'Conflict', 422: 'Unprocessable Content', 503: 'Service Unavailable',
@@ -121,12 +127,35 @@ function holdResponse(res, onEnd) {
   };
 }
 
+// True when err is not the server's answer to a statement but a lost
+// connection (a socket error, "Connection terminated unexpectedly", a
+// connection-class or shutdown SQLSTATE): what the statement did is not known.
+function connectionLost(err) {
+  if (err instanceof ClaimLostError) return false; // IK001, wrapped
+  if (typeof err?.severity !== 'string') return true;
+  return /^(08|57P0)/.test(err.code ?? '');
+}
+
+// Ignores an 'error' event of a checked-out connection: the statement in
+// flight rejects with the same error, which is where it is handled.
+function onDropped() {}
+
+// Waits ms milliseconds.
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
 // Returns the Express middleware; pool is a pg.Pool on the database of the business data.
 function idempotency(pool, options = {}) {
   if (!pool || typeof pool.connect !== 'function') throw new TypeError('idempotency() needs a pg.Pool');
   const opts = { ...DEFAULTS, ...options };
   const methods = new Set(opts.methods.map((m) => m.toUpperCase()));
   const client = new IdempotencyClient(pool, { lease: opts.lease, retention: opts.retention });
+  // pg emits 'error' on the pool when an idle connection drops: without a
+  // listener that would end the process. Logged unless the application listens too.
+  pool.on('error', (err) => {
+    if (pool.listenerCount('error') === 1) opts.log(`an idle connection was lost: ${err.message}`);
+  });
 
   return function idempotencyMiddleware(req, res, next) {
     if (!methods.has(req.method)) return next();
@@ -139,106 +168,194 @@ function idempotency(pool, options = {}) {
       .catch(next);
   };
 
+  // Checks a connection out of the pool; one that drops meanwhile must not end the process.
+  async function checkout() {
+    const db = await pool.connect();
+    db.on('error', onDropped);
+    return db;
+  }
+
+  // Gives a connection back, or discards it when err says it is lost.
+  function checkin(db, err) {
+    if (err && connectionLost(err)) return db.release(err); // still listening: it may emit again
+    db.removeListener('error', onDropped);
+    db.release();
+  }
+
+  // Claims on a fresh connection, asking again with the same token (at most
+  // opts.retries times) while the answer is lost: a claim that committed
+  // unheard answers new again. Resolves to { claim, db }; when new, db is
+  // in the transaction the handler gets.
+  async function claimRecovering(c) {
+    for (let attempt = 0; ; attempt++) {
+      if (attempt > 0) await sleep(opts.retryDelay * 2 ** (attempt - 1));
+      let db = null;
+      try {
+        db = await checkout();
+        const claim = await client.claim(c.key, c.fp, { db, scope: c.scope, token: c.token });
+        if (claim.outcome === 'new') await db.query('BEGIN');
+        return { claim, db };
+      } catch (err) {
+        if (db) checkin(db, err);
+        if (!connectionLost(err) || attempt >= opts.retries) throw err;
+        opts.log(`the claim's answer was lost (${err.message}); asking again`);
+      }
+    }
+  }
+
   // Claims the key and answers, or runs the handler in a transaction.
   async function guard(req, res, next) {
     const field = keyField(req);
     if (field === undefined) {
       if (opts.required)
         return problem(res, 400, 'idempotency_key_missing', 'This request needs an Idempotency-Key header.');
-      return runHandler(req, res, next, null);
+      return runHandler(req, res, next);
     }
     const key = parseIdempotencyKey(field);
     if (key === null) return invalidKey(res);
 
-    const scope = opts.scope(req);
     const [path, query] = pathAndQuery(req);
-    const fp = fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query);
-    let db;
+    const c = {
+      key, scope: opts.scope(req), token: crypto.randomUUID(), reruns: 0,
+      fp: fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query),
+    };
+    let got;
     try {
-      db = await pool.connect();
+      got = await claimRecovering(c);
     } catch (err) {
-      return unavailable(res, err);
-    }
-    let claim;
-    try {
-      claim = await client.claim(key, fp, { db, scope });
-    } catch (err) {
-      db.release(err.code ? undefined : err); // keep a connection that only saw an SQL error
       if (err.code === '22023') return invalidKey(res); // a key the extension refuses
       if (!opts.failOpen) return unavailable(res, err);
       opts.log(`claim failed, running unguarded: ${err.message}`);
-      return runHandler(req, res, next, null);
+      return runHandler(req, res, next);
     }
-    if (claim.outcome === 'new') return runHandler(req, res, next, { key, scope, fence: claim.fence }, db);
-    db.release();
-    return answer(res, claim);
+    if (got.claim.outcome !== 'new') {
+      checkin(got.db);
+      return answer(res, got.claim);
+    }
+    c.fence = got.claim.fence;
+    return handOver(req, res, next, c, got.db, next);
   }
 
-  // Runs the handler in a transaction (req.db); claim is null when unguarded.
-  async function runHandler(req, res, next, claim, db = null) {
+  // Runs the handler unguarded, in a transaction (req.db).
+  async function runHandler(req, res, next) {
+    let db = null;
     try {
-      db = db ?? await pool.connect();
+      db = await checkout();
       await db.query('BEGIN');
     } catch (err) {
-      if (db) db.release(err);
-      if (claim) await client.release(claim.key, claim.fence, { scope: claim.scope }).catch(() => {});
+      if (db) checkin(db, err);
       return unavailable(res, err);
     }
+    return handOver(req, res, next, null, db, next);
+  }
+
+  // Gives the handler its transaction (req.db), runs it by dispatch(), and
+  // holds its response until it is committed.
+  function handOver(req, res, next, c, db, dispatch) {
     req.db = db;
-    holdResponse(res, (body) => finish(db, claim, res, body));
-    next();
+    holdResponse(res, (body) => finish(req, res, next, c, db, body));
+    dispatch();
   }
 
   // Ends the handler's transaction: complete and commit, or (5xx) roll back
   // and abandon. Resolves to true when the handler's response is the one to send.
-  async function finish(db, claim, res, body) {
-    if (res.statusCode >= 500) return abandon(db, claim, res, body);
+  async function finish(req, res, next, c, db, body) {
+    if (res.statusCode >= 500) return abandon(db, c, res, body);
     try {
-      if (claim)
-        await client.complete(claim.key, claim.fence, res.statusCode, body, headersToStore(res),
-          { db, scope: claim.scope });
+      if (c)
+        await client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db, scope: c.scope });
       await db.query('COMMIT');
-      db.release();
+      checkin(db);
       return true;
     } catch (err) {
+      if (connectionLost(err)) {
+        checkin(db, err);
+        if (c) return recover(req, res, next, c);
+        return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
+      }
       await db.query('ROLLBACK').catch(() => {});
-      db.release(err.code === 'IK001' ? undefined : err);
-      if (err.code === 'IK001') // a retry took the key over; its answer is the one that counts
-        return replaceResponse(res, 409, 'idempotency_claim_lost',
-          'This request ran past its lease and a retry took it over; its writes were rolled back.',
-          { 'Retry-After': '1' });
-      if (claim) await client.release(claim.key, claim.fence, { scope: claim.scope }).catch(() => {});
+      checkin(db);
+      if (err.code === 'IK001') return claimLost(res);
+      if (c) await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
       opts.log(`could not store the response: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The response could not be stored; nothing was kept. Retry later.', { 'Retry-After': '1' });
     }
   }
 
+  // The connection was lost before the COMMIT's answer came: claims with the
+  // same token to learn what happened. replay: it committed, the handler's
+  // response is the stored one; new: it rolled back, so the handler runs again.
+  async function recover(req, res, next, c) {
+    let got;
+    try {
+      got = await claimRecovering(c);
+    } catch (err) {
+      opts.log(`the COMMIT's answer was lost and the database cannot tell: ${err.message}`);
+      return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
+    }
+    const { claim, db } = got;
+    if (claim.outcome === 'replay') {
+      checkin(db);
+      return true;
+    }
+    if (claim.outcome !== 'new') { // in_progress: the lease ended meanwhile and a retry took the key over
+      checkin(db);
+      return claim.outcome === 'in_progress' ? claimLost(res)
+        : replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
+    }
+    c.fence = claim.fence; // the same, unless our lease had ended (a takeover)
+    if (res.headersSent || !req.route || c.reruns >= opts.retries) {
+      await db.query('ROLLBACK').catch(() => {});
+      await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
+      checkin(db);
+      return replaceResponse(res, 503, 'idempotency_unavailable',
+        'The connection to the database was lost; nothing of this request was kept. Retry later.',
+        { 'Retry-After': '1' });
+    }
+    c.reruns += 1;
+    opts.log('the handler\'s transaction was lost before it committed; running the handler again');
+    for (const name of res.getHeaderNames()) res.removeHeader(name);
+    res.statusCode = 200;
+    res.statusMessage = undefined;
+    handOver(req, res, next, c, db, () => req.route.dispatch(req, res, next));
+    return false; // the run again sends its own response
+  }
+
   // Rolls back a 5xx handler's writes, then hands its response to complete,
   // which releases the key (or, with idempotency.store_server_errors on,
   // stores the response for replay); the handler's 5xx goes out either way.
-  async function abandon(db, claim, res, body) {
+  // When the connection is lost, the transaction is gone with it: complete
+  // goes through the pool.
+  async function abandon(db, c, res, body) {
     try {
       await db.query('ROLLBACK');
     } catch (err) {
-      db.release(err);
-      return true; // the connection is gone; the key frees itself when its lease ends
+      checkin(db, err);
+      db = null;
     }
     let broken;
-    if (claim) {
+    if (c) {
+      const on = db ?? pool;
       try {
-        await client.complete(claim.key, claim.fence, res.statusCode, body, headersToStore(res),
-          { db, scope: claim.scope });
+        await client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
       } catch (err) {
         if (err.code !== 'IK001') { // IK001: a retry owns the key, nothing of ours to free
           opts.log(`could not end the claim after a ${res.statusCode}: ${err.message}`);
-          if (err.code) await client.release(claim.key, claim.fence, { db, scope: claim.scope }).catch(() => {});
-          else broken = err; // not an SQL error: the key frees itself when its lease ends
+          if (!connectionLost(err)) await client.release(c.key, c.fence, { db: on, scope: c.scope }).catch(() => {});
+          else broken = err; // the key frees itself when its lease ends
         }
       }
     }
-    db.release(broken);
+    if (db) checkin(db, broken);
     return true;
+  }
+
+  // Answers 409: the lease ended and a retry took the key over; the handler's writes rolled back.
+  function claimLost(res) {
+    return replaceResponse(res, 409, 'idempotency_claim_lost',
+      'This request ran past its lease and a retry took it over; its writes were rolled back.',
+      { 'Retry-After': '1' });
   }
 
   // Picks the response headers that a replay repeats.

@@ -1,0 +1,155 @@
+'use strict';
+// The Express middleware when the database's answer is lost
+// (docs/http-contract.md, "When an answer is lost"): the app's pool goes
+// through the fault proxy (examples/faultproxy, path in FAULTPROXY), which
+// lets the server answer and then cuts the connection. Each request must
+// run its handler's writes exactly once and get the handler's answer, and
+// the process must survive every dropped connection.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const path = require('node:path');
+const express = require('express');
+const { Pool } = require('pg');
+const { idempotency } = require('pg-idempotency');
+const { newPool, unique, listen, send, scopeOf, sleep } = require('./helpers');
+
+const AUTH = 'Bearer faults';
+const TABLE = 'pg_idempotency_test_fault_charges';
+const direct = newPool();
+const runs = new Map(); // tag => how many times the handler ran
+let proxy;
+let proxied;
+let server;
+
+// Starts the fault proxy in front of DATABASE_URL's server.
+function startProxy() {
+  if (!process.env.FAULTPROXY) throw new Error('FAULTPROXY must name examples/faultproxy/faultproxy.js');
+  const target = new URL(process.env.DATABASE_URL);
+  const { startProxy: start } = require(path.join(path.dirname(process.env.FAULTPROXY), 'start.js'));
+  return start(`${target.hostname}:${target.port || 5432}`);
+}
+
+// Returns a pg.Pool on the test database through the proxy (no 'error' listener of its own).
+function proxiedPool() {
+  const url = new URL(process.env.DATABASE_URL);
+  url.hostname = '127.0.0.1';
+  url.port = String(proxy.port);
+  return new Pool({ connectionString: url.href });
+}
+
+test.before(async () => {
+  await direct.query(`CREATE TABLE IF NOT EXISTS ${TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, tag text)`);
+  proxy = await startProxy();
+  proxied = proxiedPool();
+  const app = express();
+  app.use(idempotency(proxied, { log: () => {} }));
+  app.post('/charges', async (req, res) => {
+    runs.set(req.body.tag, (runs.get(req.body.tag) ?? 0) + 1);
+    const { rows } = await req.db.query(`INSERT INTO ${TABLE} (tag) VALUES ($1) RETURNING id`, [req.body.tag]);
+    res.status(201).json({ charge: Number(rows[0].id) });
+  });
+  server = await listen(app);
+});
+test.after(async () => {
+  await server.close();
+  await proxied.end();
+  await direct.end();
+  proxy.stop();
+});
+test.beforeEach(() => proxy.control('POST', '/reset'));
+
+// Posts a charge tagged tag with Idempotency-Key key.
+function charge(key, tag) {
+  return send(server.url, {
+    path: '/charges', body: JSON.stringify({ tag }),
+    headers: [['Content-Type', 'application/json'], ['Authorization', AUTH], ['Idempotency-Key', key]],
+  });
+}
+
+// Returns the ids of the charges tagged tag.
+async function chargesOf(tag) {
+  const { rows } = await direct.query(`SELECT id FROM ${TABLE} WHERE tag = $1 ORDER BY id`, [tag]);
+  return rows.map((r) => Number(r.id));
+}
+
+// Returns the record of key (state, attempt), or null.
+async function recordOf(key) {
+  const { rows } = await direct.query('SELECT state, attempt FROM idempotency.lookup($1, $2)', [key, scopeOf(AUTH)]);
+  return rows[0] ?? null;
+}
+
+// Asserts one charge for tag, named by res (201), a completed record and a replayed retry.
+async function assertExactlyOnce(res, key, tag) {
+  assert.equal(res.status, 201, res.body.toString());
+  const ids = await chargesOf(tag);
+  assert.equal(ids.length, 1, `charges of ${tag}: ${ids}`);
+  assert.deepEqual(res.json(), { charge: ids[0] });
+  assert.equal((await recordOf(key)).state, 'completed');
+  const retry = await charge(key, tag);
+  assert.equal(retry.status, 201);
+  assert.equal(retry.headers['idempotent-replayed'], 'true');
+  assert.deepEqual(retry.body, res.body);
+  assert.deepEqual(await chargesOf(tag), ids);
+}
+
+test("the claim's answer lost: asked again with the same token, the handler runs once", async () => {
+  const key = unique('claim-lost');
+  await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=transaction');
+  const res = await charge(key, key);
+  assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+  await assertExactlyOnce(res, key, key);
+  assert.equal(runs.get(key), 1);
+});
+
+test("the claim's answer lost at every try: 503 after the retries, the handler never ran", async () => {
+  const key = unique('claim-lost-always');
+  await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=transaction&times=4');
+  const res = await charge(key, key);
+  assert.equal(res.status, 503, res.body.toString());
+  assert.equal(res.json().code, 'idempotency_unavailable');
+  assert.equal((await proxy.control('GET', '/stats')).cuts, 4, 'asked 1 + 3 times');
+  assert.equal(runs.get(key), undefined);
+  assert.deepEqual(await chargesOf(key), []);
+});
+
+test("the COMMIT's answer lost after it committed: the handler's answer, not an error", async () => {
+  const key = unique('commit-lost');
+  await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=transaction');
+  const res = await charge(key, key);
+  assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+  await assertExactlyOnce(res, key, key);
+  assert.equal(runs.get(key), 1);
+});
+
+test('the connection lost before the COMMIT: nothing was kept, so the handler runs again', async () => {
+  const key = unique('rolled-back');
+  // complete's answer is cut: the transaction never commits.
+  await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=statement');
+  const res = await charge(key, key);
+  assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+  await assertExactlyOnce(res, key, key);
+  assert.equal(runs.get(key), 2);
+  assert.equal((await recordOf(key)).attempt, 1, 'the same claim, not a takeover');
+});
+
+test('every connection dropped and the next one refused: the request still runs once', async () => {
+  const key = unique('refused');
+  await charge(unique('warm'), 'warm'); // the pool has a connection to lose
+  await proxy.control('POST', '/drop');
+  await proxy.control('POST', '/refuse?count=1');
+  const res = await charge(key, key);
+  assert.equal((await proxy.control('GET', '/stats')).refused, 1);
+  await assertExactlyOnce(res, key, key);
+});
+
+test('an idle connection dropped does not end the process (no pool listener of its own)', async () => {
+  const pool = proxiedPool();
+  idempotency(pool, { log: () => {} });
+  await pool.query('SELECT 1'); // one idle connection
+  assert.equal(pool.idleCount, 1);
+  await proxy.control('POST', '/drop');
+  for (let i = 0; i < 200 && pool.totalCount > 0; i++) await sleep(25);
+  assert.equal(pool.totalCount, 0, 'the pool saw its connection go');
+  await pool.end();
+});
