@@ -18,14 +18,14 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgconn"
-	"github.com/jackc/pgx/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Querier runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx all are one.
 type Querier interface {
-	Exec(ctx context.Context, sql string, args ...interface{}) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...interface{}) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Outcome is claim's answer.
@@ -259,7 +259,7 @@ func SQLState(err error) string {
 }
 
 // interval is d as an interval argument: NULL (the setting) when zero.
-func interval(d time.Duration) interface{} {
+func interval(d time.Duration) any {
 	if d == 0 {
 		return nil
 	}
@@ -267,7 +267,7 @@ func interval(d time.Duration) interface{} {
 }
 
 // jsonArg is j as a jsonb argument: NULL when nil.
-func jsonArg(j json.RawMessage) interface{} {
+func jsonArg(j json.RawMessage) any {
 	if j == nil {
 		return nil
 	}
@@ -276,11 +276,11 @@ func jsonArg(j json.RawMessage) interface{} {
 
 // encodeHeader turns h into the JSON object complete stores: a string per
 // single value, an array for several; NULL when h is empty.
-func encodeHeader(h http.Header) (interface{}, error) {
+func encodeHeader(h http.Header) (any, error) {
 	if len(h) == 0 {
 		return nil, nil
 	}
-	obj := make(map[string]interface{}, len(h))
+	obj := make(map[string]any, len(h))
 	for name, values := range h {
 		if len(values) == 1 {
 			obj[name] = values[0]

@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/jackc/pgx/v4/pgxpool"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // pool is a pool on DATABASE_URL, a database with the extension.
@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	var err error
-	if pool, err = pgxpool.Connect(context.Background(), url); err != nil {
+	if pool, err = pgxpool.New(context.Background(), url); err != nil {
 		fmt.Fprintln(os.Stderr, "cannot connect to DATABASE_URL:", err)
 		os.Exit(1)
 	}

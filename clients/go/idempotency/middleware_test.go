@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v4/pgxpool"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // quiet is the logger of the middleware under test.
@@ -548,8 +548,7 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.LazyConnect = true
-	p, err := pgxpool.ConnectConfig(ctx, cfg)
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,7 +568,7 @@ func settingsPool(t *testing.T, settings map[string]string) *pgxpool.Pool {
 	for name, setting := range settings {
 		cfg.ConnConfig.RuntimeParams[name] = setting
 	}
-	p, err := pgxpool.ConnectConfig(ctx, cfg)
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
