@@ -93,11 +93,11 @@ func wantCompletedOnce(t *testing.T, key string) {
 // own claim answers New again, not 409, and the handler runs once.
 func TestRecoveryClaimAnswerLost(t *testing.T) {
 	var runs int32
-	srv := serveGuarded(t, newLossy(firstClaims(claimTries-1), 0, false),
-		Options{}, charge(&runs))
+	l := newLossy(firstClaims(3), 0, false)
+	srv := serveGuarded(t, l, Options{}, charge(&runs))
 	c := keyed(uniqueKey(t), `{}`)
-	if r := send(t, srv, c); r.status != 201 || runs != 1 {
-		t.Fatalf("%d %s after %d runs; want 201 after 1", r.status, r.body, runs)
+	if r := send(t, srv, c); r.status != 201 || runs != 1 || l.claims.Load() != 4 {
+		t.Fatalf("%d %s after %d runs, %d claims; want 201 after 1 run, 4 claims", r.status, r.body, runs, l.claims.Load())
 	}
 	wantCompletedOnce(t, c.header["X-Key"])
 }
