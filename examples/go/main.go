@@ -100,9 +100,9 @@ func health(w http.ResponseWriter, r *http.Request) {
 
 // payment is the body of POST /payments.
 type payment struct {
-	Amount  any `json:"amount"`   // a JSON number over 0
-	DelayMs float64     `json:"delay_ms"` // test knob: sleep this long first
-	Fail    bool        `json:"fail"`     // test knob: charge, then answer 500
+	Amount  any     `json:"amount"`   // a JSON number over 0
+	DelayMs float64 `json:"delay_ms"` // test knob: sleep this long first
+	Fail    bool    `json:"fail"`     // test knob: charge, then answer 500
 }
 
 // pay charges the amount in the middleware's transaction: the charge and the
