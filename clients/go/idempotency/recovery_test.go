@@ -71,7 +71,12 @@ func (t lossyTxn) commit(ctx context.Context) error {
 // newLossy is a lossy store on the pool: loseClaim picks the claims whose
 // answer is lost (nil: none), and the first commits COMMITs lose theirs.
 func newLossy(loseClaim func(int32) bool, commits int32, rollBack bool) *lossy {
-	l := &lossy{store: pgxStore{pool}, loseClaim: loseClaim, rollBack: rollBack}
+	return newLossyOn(pgxStore{pool}, loseClaim, commits, rollBack)
+}
+
+// newLossyOn is newLossy on store s.
+func newLossyOn(s store, loseClaim func(int32) bool, commits int32, rollBack bool) *lossy {
+	l := &lossy{store: s, loseClaim: loseClaim, rollBack: rollBack}
 	l.commits.Store(commits)
 	return l
 }
@@ -98,6 +103,19 @@ func TestRecoveryClaimAnswerLost(t *testing.T) {
 	c := keyed(uniqueKey(t), `{}`)
 	if r := send(t, srv, c); r.status != 201 || runs != 1 || l.claims.Load() != 4 {
 		t.Fatalf("%d %s after %d runs, %d claims; want 201 after 1 run, 4 claims", r.status, r.body, runs, l.claims.Load())
+	}
+	wantCompletedOnce(t, c.header["X-Key"])
+}
+
+// The same through MiddlewareSQL: a claim's answer lost, then a COMMIT's
+// answer lost that rolled back.
+func TestRecoverySQL(t *testing.T) {
+	var runs int32
+	l := newLossyOn(sqlStore{SQL(sqlDB), sqlDB}, firstClaims(1), 1, true)
+	srv := serveGuarded(t, l, Options{}, charge(&runs))
+	c := keyed(uniqueKey(t), `{}`)
+	if r := send(t, srv, c); r.status != 201 || !strings.HasPrefix(string(r.body), `{"run":2,`) || runs != 2 {
+		t.Fatalf("%d %s after %d runs; want run 2's 201", r.status, r.body, runs)
 	}
 	wantCompletedOnce(t, c.header["X-Key"])
 }
