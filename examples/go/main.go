@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/idempotency/idempotency/clients/go/idempotency"
-	"github.com/jackc/pgx/v4/pgxpool"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const createCharges = `CREATE TABLE IF NOT EXISTS charges (
@@ -63,7 +63,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
-	return pgxpool.ConnectConfig(ctx, cfg)
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // parseInterval reads a PostgreSQL interval ("1 second", "00:01:00") as the database does.
@@ -100,9 +100,9 @@ func health(w http.ResponseWriter, r *http.Request) {
 
 // payment is the body of POST /payments.
 type payment struct {
-	Amount  interface{} `json:"amount"`   // a JSON number over 0
-	DelayMs float64     `json:"delay_ms"` // test knob: sleep this long first
-	Fail    bool        `json:"fail"`     // test knob: charge, then answer 500
+	Amount  any     `json:"amount"`   // a JSON number over 0
+	DelayMs float64 `json:"delay_ms"` // test knob: sleep this long first
+	Fail    bool    `json:"fail"`     // test knob: charge, then answer 500
 }
 
 // pay charges the amount in the middleware's transaction: the charge and the
@@ -148,7 +148,7 @@ func pay(w http.ResponseWriter, r *http.Request) {
 }
 
 // writeJSON answers status with v as JSON.
-func writeJSON(w http.ResponseWriter, status int, v interface{}) {
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	body, _ := json.Marshal(v)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

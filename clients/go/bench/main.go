@@ -40,8 +40,8 @@ import (
 	"time"
 
 	"github.com/idempotency/idempotency/clients/go/idempotency"
-	"github.com/jackc/pgx/v4"
-	"github.com/jackc/pgx/v4/pgxpool"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const (
@@ -237,7 +237,7 @@ func serve(mode string) {
 		}
 		return &countingConn{Conn: conn}, nil
 	}
-	pool, err := pgxpool.ConnectConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -4,7 +4,8 @@
 // extension's request fingerprint computed in Go, and net/http middleware
 // that follows the project's HTTP contract (docs/http-contract.md).
 //
-// Every call runs on a Querier: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+// Every call runs on a Querier: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx,
+// or a database/sql handle through SQL.
 // Claim on the pool, so that the claim commits at once and a concurrent retry
 // sees it; Complete in the transaction of the business writes, so that they
 // and the stored response commit together.
@@ -12,20 +13,21 @@ package idempotency
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgconn"
-	"github.com/jackc/pgx/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Querier runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx all are one.
 type Querier interface {
-	Exec(ctx context.Context, sql string, args ...interface{}) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...interface{}) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Outcome is claim's answer.
@@ -82,6 +84,7 @@ type ClaimParams struct {
 	Lease       time.Duration // how long the owner may work before a retry takes over; 0: idempotency.lease
 	Retention   time.Duration // how long the answer is replayed; 0: idempotency.retention
 	Wait        time.Duration // wait this long for an owner in progress; 0: answer at once
+	Token       string        // this attempt's id (NewToken), so that a claim whose answer was lost can be asked again; "" for none
 }
 
 // Ticket is what Claim hands back. With outcome New it holds the fence that
@@ -102,10 +105,13 @@ type Ticket struct {
 
 const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, body,
        recovery_point, recovery_state, retry_after, created_at
-  FROM idempotency.claim($1, $2, $3, $4, $5, $6)`
+  FROM idempotency.claim($1, $2, $3, $4, $5, $6, $7)`
 
 // Claim claims p.Key for the request p.Fingerprint identifies: the one call
-// that decides whether to run a request (see Outcome).
+// that decides whether to run a request (see Outcome). With p.Token, a claim
+// whose answer was lost can be asked again with the same token: while the
+// claim it made is in progress, that answers New with the same fence.
+// Needs extension version 1.2.
 func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
 	t := &Ticket{Scope: p.Scope, Key: p.Key}
 	var (
@@ -115,7 +121,7 @@ func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
 		recoveryPoint          *string
 	)
 	err := db.QueryRow(ctx, claimSQL, p.Key, p.Fingerprint, p.Scope, interval(p.Lease),
-		interval(p.Retention), interval(p.Wait)).Scan(&t.Outcome, &fence, &attempt, &status,
+		interval(p.Retention), interval(p.Wait), nullIfEmpty(p.Token)).Scan(&t.Outcome, &fence, &attempt, &status,
 		&headers, &t.Body, &recoveryPoint, &state, &retry, &t.CreatedAt)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: claim: %w", err)
@@ -212,7 +218,9 @@ type Record struct {
 	ExpiresAt      time.Time
 }
 
-const lookupSQL = `SELECT scope, key, fingerprint, state, attempt, lease, lease_expires_at,
+// The lease in microseconds: database/sql reads an interval as text.
+const lookupSQL = `SELECT scope, key, fingerprint, state, attempt,
+       (extract(epoch FROM lease) * 1000000)::bigint, lease_expires_at,
        recovery_point, recovery_state, status_code, headers, body,
        created_at, completed_at, expires_at
   FROM idempotency.lookup($1, $2)`
@@ -223,13 +231,13 @@ func Lookup(ctx context.Context, db Querier, scope, key string) (*Record, error)
 	r := &Record{}
 	var (
 		status                *int32
-		lease                 *time.Duration
+		leaseMicros           *int64
 		leaseEnd, completedAt *time.Time
 		recoveryPoint         *string
 		headers, state        []byte
 	)
 	err := db.QueryRow(ctx, lookupSQL, key, scope).Scan(&r.Scope, &r.Key, &r.Fingerprint,
-		&r.State, &r.Attempt, &lease, &leaseEnd, &recoveryPoint, &state, &status, &headers,
+		&r.State, &r.Attempt, &leaseMicros, &leaseEnd, &recoveryPoint, &state, &status, &headers,
 		&r.Body, &r.CreatedAt, &completedAt, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -237,7 +245,7 @@ func Lookup(ctx context.Context, db Querier, scope, key string) (*Record, error)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: lookup: %w", err)
 	}
-	r.Lease = deref(lease)
+	r.Lease = time.Duration(deref(leaseMicros)) * time.Microsecond
 	r.LeaseExpiresAt = deref(leaseEnd)
 	r.CompletedAt = deref(completedAt)
 	r.RecoveryPoint = deref(recoveryPoint)
@@ -258,8 +266,26 @@ func SQLState(err error) string {
 	return ""
 }
 
+// NewToken returns a random UUID (version 4) for ClaimParams.Token: one per
+// incoming request.
+func NewToken() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// nullIfEmpty is s as an argument: NULL when empty.
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
 // interval is d as an interval argument: NULL (the setting) when zero.
-func interval(d time.Duration) interface{} {
+func interval(d time.Duration) any {
 	if d == 0 {
 		return nil
 	}
@@ -267,7 +293,7 @@ func interval(d time.Duration) interface{} {
 }
 
 // jsonArg is j as a jsonb argument: NULL when nil.
-func jsonArg(j json.RawMessage) interface{} {
+func jsonArg(j json.RawMessage) any {
 	if j == nil {
 		return nil
 	}
@@ -276,11 +302,11 @@ func jsonArg(j json.RawMessage) interface{} {
 
 // encodeHeader turns h into the JSON object complete stores: a string per
 // single value, an array for several; NULL when h is empty.
-func encodeHeader(h http.Header) (interface{}, error) {
+func encodeHeader(h http.Header) (any, error) {
 	if len(h) == 0 {
 		return nil, nil
 	}
-	obj := make(map[string]interface{}, len(h))
+	obj := make(map[string]any, len(h))
 	for name, values := range h {
 		if len(values) == 1 {
 			obj[name] = values[0]

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v4"
+	"github.com/jackc/pgx/v5"
 )
 
 var ctx = context.Background()
@@ -227,14 +227,25 @@ func TestClaimWaitsForTheOwner(t *testing.T) {
 	}
 }
 
+// Lookup and the calls of a Ticket, on pgx and through SQL on database/sql.
 func TestLookup(t *testing.T) {
+	for name, db := range map[string]Querier{"pgx": pool, "database/sql": SQL(sqlDB)} {
+		t.Run(name, func(t *testing.T) { testLookup(t, db) })
+	}
+}
+
+// testLookup claims, looks up, completes and looks up again on db.
+func testLookup(t *testing.T, db Querier) {
 	p := ClaimParams{Scope: "acct", Key: uniqueKey(t), Fingerprint: fp("5"), Lease: 45 * time.Second,
 		Retention: 2 * time.Hour}
-	if r, err := Lookup(ctx, pool, p.Scope, p.Key); r != nil || err != nil {
+	if r, err := Lookup(ctx, db, p.Scope, p.Key); r != nil || err != nil {
 		t.Fatalf("lookup of an absent key: %v, %v", r, err)
 	}
-	owner := mustClaim(t, p, New)
-	r, err := Lookup(ctx, pool, p.Scope, p.Key)
+	owner, err := Claim(ctx, db, p)
+	if err != nil || owner.Outcome != New {
+		t.Fatalf("claim: %+v, %v", owner, err)
+	}
+	r, err := Lookup(ctx, db, p.Scope, p.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,10 +256,10 @@ func TestLookup(t *testing.T) {
 		t.Fatalf("lookup in progress: %+v", r)
 	}
 	header := http.Header{"Location": {"/payments/1"}}
-	if _, err := owner.Complete(ctx, pool, 201, []byte(`{"charge":1}`), header); err != nil {
+	if _, err := owner.Complete(ctx, db, 201, []byte(`{"charge":1}`), header); err != nil {
 		t.Fatal(err)
 	}
-	r, err = Lookup(ctx, pool, p.Scope, p.Key)
+	r, err = Lookup(ctx, db, p.Scope, p.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,5 +334,31 @@ func TestClaimInReadOnlyTransaction(t *testing.T) {
 	_, err = Claim(ctx, tx, ClaimParams{Key: uniqueKey(t), Fingerprint: fp("1")})
 	if SQLState(err) != "25006" {
 		t.Fatalf("claim in a read-only transaction: %v, want SQLSTATE 25006", err)
+	}
+}
+
+// A claim asked again with its token answers New with the same fence while
+// it is in progress; another token (or none) gets in_progress, and once
+// completed the token replays like any claim.
+func TestClaimToken(t *testing.T) {
+	p := ClaimParams{Key: uniqueKey(t), Fingerprint: fp("3"), Token: NewToken()}
+	first := mustClaim(t, p, New)
+	again := mustClaim(t, p, New)
+	if again.Fence != first.Fence || again.Attempt != first.Attempt {
+		t.Fatalf("asked again: fence %d attempt %d, want %d and %d", again.Fence, again.Attempt, first.Fence, first.Attempt)
+	}
+	other := p
+	other.Token = NewToken()
+	mustClaim(t, other, InProgress)
+	other.Token = ""
+	mustClaim(t, other, InProgress)
+	if _, err := first.Complete(ctx, pool, 201, []byte("done"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustClaim(t, p, Replay); string(r.Body) != "done" {
+		t.Fatalf("replay %q", r.Body)
+	}
+	if a, b := NewToken(), NewToken(); a == b || len(a) != 36 || a[14] != '4' || !strings.ContainsAny(a[19:20], "89ab") {
+		t.Fatalf("tokens %s and %s are not distinct UUIDs v4", a, b)
 	}
 }

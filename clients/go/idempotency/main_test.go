@@ -8,11 +8,18 @@ import (
 	"os"
 	"testing"
 
-	"github.com/jackc/pgx/v4/pgxpool"
+	"database/sql"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx"
 )
 
-// pool is a pool on DATABASE_URL, a database with the extension.
-var pool *pgxpool.Pool
+// pool is a pool on DATABASE_URL, a database with the extension; sqlDB is
+// the same database through database/sql.
+var (
+	pool  *pgxpool.Pool
+	sqlDB *sql.DB
+)
 
 // TestMain connects to DATABASE_URL: every test but the parsers needs it.
 func TestMain(m *testing.M) {
@@ -22,8 +29,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	var err error
-	if pool, err = pgxpool.Connect(context.Background(), url); err != nil {
+	if pool, err = pgxpool.New(context.Background(), url); err != nil {
 		fmt.Fprintln(os.Stderr, "cannot connect to DATABASE_URL:", err)
+		os.Exit(1)
+	}
+	if sqlDB, err = sql.Open("pgx", url); err != nil {
+		fmt.Fprintln(os.Stderr, "cannot open DATABASE_URL with database/sql:", err)
 		os.Exit(1)
 	}
 	// writes: the handlers' business rows; deferred: a second row of one
@@ -37,6 +48,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	pool.Close()
+	sqlDB.Close()
 	os.Exit(code)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v4"
+	"github.com/jackc/pgx/v5"
 )
 
 // Pool is what the middleware needs of a connection pool; *pgxpool.Pool is one.
@@ -50,6 +51,12 @@ func Tx(ctx context.Context) pgx.Tx {
 	return tx
 }
 
+// SQLTx is Tx for MiddlewareSQL: the request's *sql.Tx.
+func SQLTx(ctx context.Context) *sql.Tx {
+	tx, _ := ctx.Value(txKey{}).(*sql.Tx)
+	return tx
+}
+
 // TicketFrom returns the request's claim (outcome New): its Attempt and
 // recovery point tell a handler whether it resumes a takeover. Nil when the
 // request runs unguarded.
@@ -73,7 +80,7 @@ func CredentialScope(r *http.Request) string {
 
 // guard is the middleware's configuration, defaults applied.
 type guard struct {
-	pool    Pool
+	db      store
 	opts    Options
 	methods map[string]bool
 	stored  []string // canonical names of the headers to store
@@ -85,16 +92,25 @@ type guard struct {
 // transaction (Tx) that commits with the stored response. It panics on a
 // negative Lease, Retention or MaxBodyBytes.
 func Middleware(pool Pool, opts Options) func(http.Handler) http.Handler {
-	g := newGuard(pool, opts)
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			g.serve(w, r, next)
-		})
-	}
+	return newGuard(pgxStore{pool}, opts).middleware
+}
+
+// MiddlewareSQL is Middleware on database/sql: db is opened with pgx's
+// stdlib driver (sql.Open("pgx", url)), and the handler's transaction is
+// SQLTx.
+func MiddlewareSQL(db *sql.DB, opts Options) func(http.Handler) http.Handler {
+	return newGuard(sqlStore{SQL(db), db}, opts).middleware
+}
+
+// middleware puts the guard in front of next.
+func (g *guard) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.serve(w, r, next)
+	})
 }
 
 // newGuard checks opts and fills in the defaults.
-func newGuard(pool Pool, opts Options) *guard {
+func newGuard(db store, opts Options) *guard {
 	if opts.Lease < 0 || opts.Retention < 0 || opts.MaxBodyBytes < 0 {
 		panic("idempotency: Lease, Retention and MaxBodyBytes must not be negative")
 	}
@@ -113,7 +129,7 @@ func newGuard(pool Pool, opts Options) *guard {
 	if opts.Logger == nil {
 		opts.Logger = log.Default()
 	}
-	g := &guard{pool: pool, opts: opts, methods: map[string]bool{}}
+	g := &guard{db: db, opts: opts, methods: map[string]bool{}}
 	for _, m := range opts.Methods {
 		g.methods[strings.ToUpper(m)] = true
 	}
@@ -146,10 +162,11 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		return
 	}
 	path, query := pathAndQuery(r)
-	t, err := Claim(r.Context(), g.pool, ClaimParams{
+	c := &claim{body: body, params: ClaimParams{
 		Scope: g.opts.Scope(r), Key: key, Fingerprint: Fingerprint(r.Method, path, body, query),
-		Lease: g.opts.Lease, Retention: g.opts.Retention,
-	})
+		Lease: g.opts.Lease, Retention: g.opts.Retention, Token: NewToken(),
+	}}
+	t, err := g.claim(r.Context(), c.params)
 	switch {
 	case SQLState(err) == codeInvalidArg:
 		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid,
@@ -160,9 +177,47 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	case err != nil:
 		g.unavailable(w, err)
 	case t.Outcome == New:
-		g.run(w, r, next, t)
+		c.ticket = t
+		g.run(w, r, next, c)
 	default:
 		answer(w, t)
+	}
+}
+
+// claim is a covered request's claim: what was asked (with the request's
+// token) and the body to run its handler on again.
+type claim struct {
+	params ClaimParams
+	body   []byte
+	ticket *Ticket // outcome New
+}
+
+// How often a claim whose answer was lost is asked, and how long to wait
+// before asking again (doubled each time).
+const (
+	claimTries   = 4
+	claimBackoff = 50 * time.Millisecond
+)
+
+// claim claims p, asking again with the same token when the answer was lost
+// (an error without a server's SQLSTATE: the connection dropped, or could
+// not be made). The token makes a claim that did commit answer New again
+// with the same fence; the pool hands the retry another connection, since
+// pgx closes one that failed.
+func (g *guard) claim(ctx context.Context, p ClaimParams) (*Ticket, error) {
+	wait := claimBackoff
+	for try := 1; ; try++ {
+		t, err := Claim(ctx, g.db, p)
+		if err == nil || SQLState(err) != "" || try == claimTries || ctx.Err() != nil {
+			return t, err
+		}
+		g.opts.Logger.Printf("idempotency: claim %d of %d got no answer, asking again: %v", try, claimTries, err)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, err
+		}
+		wait *= 2
 	}
 }
 
@@ -218,15 +273,63 @@ func answer(w http.ResponseWriter, t *Ticket) {
 	}
 }
 
+// How many times a request's handler may run when each COMMIT's answer is
+// lost and each turns out to have rolled back.
+const maxRuns = 3
+
 // run runs next in a transaction that it gives the handler through the
 // request context, holding the response until the transaction has ended.
-// t is the request's claim, nil when it runs unguarded.
-func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, t *Ticket) {
-	tx, err := g.pool.Begin(r.Context())
+// c is the request's claim, nil when it runs unguarded. When the COMMIT's
+// answer is lost, claiming again with the request's token tells what
+// happened: Replay (it committed: send the stored response) or New (it
+// rolled back: run the handler again).
+func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, c *claim) {
+	for runs := 1; ; runs++ {
+		rec, lost := g.runOnce(w, r, next, c)
+		if !lost {
+			return
+		}
+		if c == nil {
+			g.unknown(w, errors.New("the COMMIT of an unguarded request got no answer"))
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
+		t, err := g.claim(ctx, c.params)
+		cancel()
+		switch {
+		case err != nil:
+			g.unknown(w, err)
+			return
+		case t.Outcome == Replay && t.StatusCode == rec.status && bytes.Equal(t.Body, rec.body.Bytes()):
+			rec.sendTo(w) // our COMMIT went through: the handler's answer, whole
+			return
+		case t.Outcome != New:
+			answer(w, t) // a takeover's answer, or its 409 while it runs
+			return
+		case runs == maxRuns:
+			g.release(t)
+			g.unavailable(w, errors.New("the COMMIT got no answer, and rolled back, each time"))
+			return
+		}
+		g.opts.Logger.Printf("idempotency: the COMMIT got no answer and rolled back; running the handler again")
+		c.ticket = t
+	}
+}
+
+// runOnce runs the handler once in a transaction of its own and ends that
+// transaction. It answers w, unless the COMMIT's answer was lost (lost):
+// then nothing is sent, and rec is what the handler answered.
+func (g *guard) runOnce(w http.ResponseWriter, r *http.Request, next http.Handler, c *claim) (rec *recorder, lost bool) {
+	var t *Ticket
+	if c != nil {
+		t = c.ticket
+		r.Body = io.NopCloser(bytes.NewReader(c.body)) // the handler may run again
+	}
+	tx, err := g.db.begin(r.Context())
 	if err != nil {
 		g.release(t)
 		g.unavailable(w, err)
-		return
+		return nil, false
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -235,21 +338,22 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, t
 			panic(p)
 		}
 	}()
-	ctx := context.WithValue(context.WithValue(r.Context(), txKey{}, tx), ticketKey{}, t)
-	rec := newRecorder()
+	ctx := context.WithValue(context.WithValue(r.Context(), txKey{}, tx.handle()), ticketKey{}, t)
+	rec = newRecorder()
 	next.ServeHTTP(rec, r.WithContext(ctx))
 	rec.finish()
-	g.settle(w, tx, t, rec)
+	return rec, g.settle(w, tx, t, rec)
 }
 
 // settle ends the handler's transaction and sends the response: a 5xx rolls
 // back and is abandoned; otherwise complete and commit, or, when that fails,
-// 409 (the claim was lost) or 503.
-func (g *guard) settle(w http.ResponseWriter, tx pgx.Tx, t *Ticket, rec *recorder) {
+// 409 (the claim was lost) or 503. True, sending nothing, when the COMMIT's
+// answer was lost.
+func (g *guard) settle(w http.ResponseWriter, tx txn, t *Ticket, rec *recorder) (lost bool) {
 	if rec.status >= 500 {
 		g.abandon(tx, t, rec)
 		rec.sendTo(w)
-		return
+		return false
 	}
 	err := g.commit(tx, t, rec)
 	switch {
@@ -258,23 +362,36 @@ func (g *guard) settle(w http.ResponseWriter, tx pgx.Tx, t *Ticket, rec *recorde
 	case errors.Is(err, ErrClaimLost):
 		writeProblem(w, http.StatusConflict, CodeClaimLost,
 			"this request ran past its lease and a retry took it over; its work was undone", 1)
+	case errors.Is(err, errCommitLost):
+		return true
 	default:
 		g.release(t)
 		g.unavailable(w, err)
 	}
+	return false
 }
 
-// commit stores the response with complete (when claimed) and commits.
-func (g *guard) commit(tx pgx.Tx, t *Ticket, rec *recorder) error {
+// errCommitLost wraps a COMMIT's error that came with no answer from the
+// server: whether the transaction committed is not known.
+var errCommitLost = errors.New("the COMMIT got no answer")
+
+// commit stores the response with complete (when claimed) and commits. A
+// failed complete rolls back (nothing committed, whatever the error); a
+// failed COMMIT is errCommitLost unless the server answered it.
+func (g *guard) commit(tx txn, t *Ticket, rec *recorder) error {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	if t != nil {
 		if _, err := t.Complete(ctx, tx, rec.status, rec.body.Bytes(), g.storedHeader(rec)); err != nil {
-			tx.Rollback(ctx)
+			tx.rollback(ctx)
 			return err
 		}
 	}
-	return tx.Commit(ctx)
+	err := tx.commit(ctx)
+	if err != nil && SQLState(err) == "" && !errors.Is(err, pgx.ErrTxCommitRollback) {
+		return fmt.Errorf("%w: %w", errCommitLost, err)
+	}
+	return err
 }
 
 // storedHeader picks the headers of rec that a replay repeats.
@@ -293,14 +410,14 @@ func (g *guard) storedHeader(rec *recorder) http.Header {
 // idempotency.store_server_errors on, stores the response for replay).
 // When complete fails otherwise than by IK001 (54000: too large to store,
 // among others), release frees the key.
-func (g *guard) abandon(tx pgx.Tx, t *Ticket, rec *recorder) {
+func (g *guard) abandon(tx txn, t *Ticket, rec *recorder) {
 	g.rollback(tx)
 	if t == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
-	_, err := t.Complete(ctx, g.pool, rec.status, rec.body.Bytes(), g.storedHeader(rec))
+	_, err := t.Complete(ctx, g.db, rec.status, rec.body.Bytes(), g.storedHeader(rec))
 	if err == nil || errors.Is(err, ErrClaimLost) {
 		return // ended, or a retry owns the key: nothing of ours to free
 	}
@@ -309,10 +426,10 @@ func (g *guard) abandon(tx pgx.Tx, t *Ticket, rec *recorder) {
 }
 
 // rollback undoes the handler's transaction.
-func (g *guard) rollback(tx pgx.Tx) {
+func (g *guard) rollback(tx txn) {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
-	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+	if err := tx.rollback(ctx); err != nil {
 		g.opts.Logger.Printf("idempotency: rollback: %v", err)
 	}
 }
@@ -325,16 +442,26 @@ func (g *guard) release(t *Ticket) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
-	if _, err := t.Release(ctx, g.pool); err != nil {
+	if _, err := t.Release(ctx, g.db); err != nil {
 		g.opts.Logger.Printf("idempotency: release: %v", err)
 	}
 }
 
 // unavailable fails closed: without the store, a retry could run twice.
+// Nothing of the request committed.
 func (g *guard) unavailable(w http.ResponseWriter, err error) {
 	g.opts.Logger.Printf("idempotency: %v", err)
 	writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable,
-		"the idempotency store is unavailable; retry later", 1)
+		"the idempotency store is unavailable and this request was not carried out; retry later", 1)
+}
+
+// unknown answers a request whose COMMIT got no answer when the store cannot
+// tell whether it committed: a retry with the same key learns it.
+func (g *guard) unknown(w http.ResponseWriter, err error) {
+	g.opts.Logger.Printf("idempotency: whether the request committed is unknown: %v", err)
+	writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable,
+		"the idempotency store did not say whether this request was done; "+
+			"retry with the same Idempotency-Key to get its answer", 1)
 }
 
 // max returns the larger of a and b.

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v4/pgxpool"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // quiet is the logger of the middleware under test.
@@ -70,10 +70,15 @@ func send(t *testing.T, srv *httptest.Server, c call) reply {
 
 // serve starts a test server of handler h behind the middleware.
 func serve(t *testing.T, db Pool, opts Options, h http.HandlerFunc) *httptest.Server {
+	return serveGuarded(t, pgxStore{db}, opts, h)
+}
+
+// serveGuarded starts a test server of handler h behind the middleware on db.
+func serveGuarded(t *testing.T, db store, opts Options, h http.HandlerFunc) *httptest.Server {
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	srv := httptest.NewUnstartedServer(Middleware(db, opts)(h))
+	srv := httptest.NewUnstartedServer(newGuard(db, opts).middleware(h))
 	srv.Config.ErrorLog = quiet
 	srv.Start()
 	srv.Client().Timeout = 20 * time.Second // a handler that never answers fails the test
@@ -145,13 +150,19 @@ func writesOf(t *testing.T, key string) int {
 	return n
 }
 
-// write inserts a row for key through the request's transaction.
+// write inserts a row for key through the request's transaction (Tx, or
+// SQLTx behind MiddlewareSQL).
 func write(r *http.Request, key string) error {
 	attempt := 0
 	if t := TicketFrom(r.Context()); t != nil {
 		attempt = t.Attempt
 	}
-	_, err := Tx(r.Context()).Exec(r.Context(), `INSERT INTO writes VALUES ($1, $2)`, key, attempt)
+	const insert = `INSERT INTO writes VALUES ($1, $2)`
+	if tx := SQLTx(r.Context()); tx != nil {
+		_, err := tx.ExecContext(r.Context(), insert, key, attempt)
+		return err
+	}
+	_, err := Tx(r.Context()).Exec(r.Context(), insert, key, attempt)
 	return err
 }
 
@@ -548,8 +559,7 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.LazyConnect = true
-	p, err := pgxpool.ConnectConfig(ctx, cfg)
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,7 +579,7 @@ func settingsPool(t *testing.T, settings map[string]string) *pgxpool.Pool {
 	for name, setting := range settings {
 		cfg.ConnConfig.RuntimeParams[name] = setting
 	}
-	p, err := pgxpool.ConnectConfig(ctx, cfg)
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
