@@ -1,3 +1,4 @@
+-- version: 1.2
 /* portable/idempotency.sql: the portable edition of idempotency, 1.2.
  *
  * The API of the C extension in SQL and PL/pgSQL, for servers that load no
