@@ -50,11 +50,14 @@ COMMENT ON SEQUENCE idempotency.fence_seq IS
 	'Fencing tokens: each claim and takeover takes a new, larger one';
 
 -- The reaper's index key, as the C edition's: the whole second, rounded
--- down, in which a record expires.
+-- down, in which a record expires, counted from 2000-01-01 UTC.  Built of
+-- immutable functions only, so that the planner inlines it (a SQL function
+-- called per index entry costs more than the rest of an insert).
 CREATE FUNCTION idempotency._expiry_second(expires_at timestamptz)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN pg_catalog.floor(EXTRACT(epoch FROM expires_at))::bigint;
+RETURN pg_catalog.floor(EXTRACT(epoch FROM
+	expires_at OPERATOR(pg_catalog.-) '2000-01-01 00:00:00+00'::timestamptz))::bigint;
 COMMENT ON FUNCTION idempotency._expiry_second(timestamptz) IS
 	'internal: the second in which a record expires, the key of the reaper''s index';
 
@@ -106,14 +109,15 @@ CREATE TYPE idempotency.claim_result AS (
 COMMENT ON TYPE idempotency.claim_result IS 'The answer of idempotency.claim()';
 
 ------------------------------------------------------------------------------
--- Internal helpers: arguments, settings, the caller.  Not for PUBLIC.
+-- Internal helpers: arguments, settings, the caller.  Not for PUBLIC: only
+-- the API's functions call them, which fix search_path for them (a SET
+-- clause of their own would cost each call a search_path change).
 ------------------------------------------------------------------------------
 
 -- Raises 22004 when a required argument is NULL.
 CREATE FUNCTION idempotency._require(val anyelement, name text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
 	IF val IS NULL THEN
@@ -139,7 +143,6 @@ COMMENT ON FUNCTION idempotency._has_control_chars(text) IS
 CREATE FUNCTION idempotency._check_key(key text)
 RETURNS text
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	len int := octet_length(key);
@@ -169,7 +172,6 @@ COMMENT ON FUNCTION idempotency._check_key(text) IS
 CREATE FUNCTION idempotency._scope(scope text)
 RETURNS text
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	s text := COALESCE(scope, current_setting('idempotency.scope', true), '');
@@ -195,7 +197,6 @@ COMMENT ON FUNCTION idempotency._scope(text) IS
 CREATE FUNCTION idempotency._setting_interval(name text, unit text, dflt interval)
 RETURNS interval
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	v text := btrim(current_setting(name, true));
@@ -216,7 +217,6 @@ COMMENT ON FUNCTION idempotency._setting_interval(text, text, interval) IS
 CREATE FUNCTION idempotency._bounded(span interval, name text, dflt interval)
 RETURNS interval
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	months numeric;
@@ -248,7 +248,6 @@ COMMENT ON FUNCTION idempotency._bounded(interval, text, interval) IS
 CREATE FUNCTION idempotency._require_positive(span interval, now timestamptz, name text)
 RETURNS interval
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
 	IF now OPERATOR(pg_catalog.+) span OPERATOR(pg_catalog.<=) now THEN
@@ -267,7 +266,6 @@ COMMENT ON FUNCTION idempotency._require_positive(interval, timestamptz, text) I
 CREATE FUNCTION idempotency._require_writable(what text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
 	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
@@ -286,7 +284,6 @@ COMMENT ON FUNCTION idempotency._require_writable(text) IS
 CREATE FUNCTION idempotency._caller()
 RETURNS regrole
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	r text := current_setting('role');
@@ -321,7 +318,6 @@ COMMENT ON FUNCTION idempotency._caller() IS
 CREATE FUNCTION idempotency._fence_lost(key text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
 	RAISE EXCEPTION 'this fence no longer owns idempotency key "%"', key
@@ -337,9 +333,9 @@ COMMENT ON FUNCTION idempotency._fence_lost(text) IS
 CREATE FUNCTION idempotency._max_response_bytes()
 RETURNS bigint
 LANGUAGE sql STABLE
-RETURN COALESCE(pg_catalog.pg_size_bytes(
-	NULLIF(pg_catalog.current_setting('idempotency.max_response_bytes', true), '')),
-	1048576);
+RETURN COALESCE(pg_catalog.pg_size_bytes(CASE
+	WHEN pg_catalog.current_setting('idempotency.max_response_bytes', true) OPERATOR(pg_catalog.<>) ''
+	THEN pg_catalog.current_setting('idempotency.max_response_bytes', true) END), 1048576);
 COMMENT ON FUNCTION idempotency._max_response_bytes() IS
 	'internal: the setting idempotency.max_response_bytes, in bytes';
 
@@ -349,7 +345,6 @@ COMMENT ON FUNCTION idempotency._max_response_bytes() IS
 CREATE FUNCTION idempotency._filter_headers(headers jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	list text := COALESCE(current_setting('idempotency.header_denylist', true),
@@ -378,10 +373,10 @@ BEGIN
 				USING ERRCODE = 'invalid_parameter_value',
 					  DETAIL = 'A header name must be an HTTP token: letters, digits and !#$%&''*+-.^_`|~ only.';
 		END IF;
-		FOR v IN SELECT CASE jsonb_typeof(h.value) WHEN 'array' THEN e ELSE h.value END
-				 FROM jsonb_array_elements(CASE jsonb_typeof(h.value) WHEN 'array'
+		FOR v IN SELECT CASE WHEN jsonb_typeof(h.value) OPERATOR(pg_catalog.=) 'array' THEN e ELSE h.value END
+				 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(h.value) OPERATOR(pg_catalog.=) 'array'
 										   THEN h.value ELSE '[null]' END) e LOOP
-			IF jsonb_typeof(v) IS DISTINCT FROM 'string' THEN
+			IF jsonb_typeof(v) OPERATOR(pg_catalog.<>) 'string' THEN
 				RAISE EXCEPTION 'invalid value of response header "%"', h.key
 					USING ERRCODE = 'invalid_parameter_value',
 						  DETAIL = 'A header value must be a string or an array of strings.';
@@ -423,13 +418,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	now timestamptz := clock_timestamp();
-	p_key text := idempotency._check_key(key) COLLATE "C";
+	p_key text COLLATE "C" := key;
 	p_fp bytea := fingerprint;
-	p_scope text;
-	p_lease interval;
-	p_retention interval;
-	p_wait interval;
+	p_scope text := COALESCE(scope, current_setting('idempotency.scope', true), '');
+	p_lease interval := lease;
+	p_retention interval := retention;
+	p_wait interval := wait;
 	p_token uuid := token;
+	r text := current_setting('role');
+	setting text;
 	caller regrole;
 	deadline timestamptz;
 	res idempotency.claim_result;
@@ -441,6 +438,12 @@ DECLARE
 	nap float8 := 0.005;
 	inserts_failed int := 0;
 BEGIN
+	-- The checks of the helpers, inline on the hot path: each raises only
+	-- through the helper, which gives the precise error.
+	IF p_key IS NULL OR octet_length(p_key) OPERATOR(pg_catalog.>) 255 OR p_key OPERATOR(pg_catalog.=) ''
+	   OR p_key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		PERFORM idempotency._check_key(p_key);
+	END IF;
 	IF p_fp IS NULL THEN
 		RAISE EXCEPTION 'argument "fingerprint" must not be null'
 			USING ERRCODE = 'null_value_not_allowed';
@@ -450,23 +453,52 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = format('A fingerprint must be 1 to 64 bytes long; this one has %s.', octet_length(p_fp));
 	END IF;
-	p_scope := idempotency._scope(scope);
-	p_lease := idempotency._require_positive(idempotency._bounded(lease, 'lease',
-		idempotency._setting_interval('idempotency.lease', 'ms', '60s')), now, 'lease');
-	p_retention := idempotency._require_positive(idempotency._bounded(retention, 'retention',
-		idempotency._setting_interval('idempotency.retention', 's', '24h')), now, 'retention');
+	IF octet_length(p_scope) OPERATOR(pg_catalog.>) 255
+	   OR p_scope OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		p_scope := idempotency._scope(p_scope);
+	END IF;
+	IF p_lease IS NULL THEN
+		setting := current_setting('idempotency.lease', true);
+		p_lease := CASE WHEN setting IS NULL THEN '60s'::interval
+			ELSE idempotency._setting_interval('idempotency.lease', 'ms', '60s') END;
+	ELSE
+		p_lease := idempotency._bounded(p_lease, 'lease', NULL);
+	END IF;
+	IF (now OPERATOR(pg_catalog.+) p_lease) OPERATOR(pg_catalog.<=) now THEN
+		PERFORM idempotency._require_positive(p_lease, now, 'lease');
+	END IF;
+	IF p_retention IS NULL THEN
+		setting := current_setting('idempotency.retention', true);
+		p_retention := CASE WHEN setting IS NULL THEN '24h'::interval
+			ELSE idempotency._setting_interval('idempotency.retention', 's', '24h') END;
+	ELSE
+		p_retention := idempotency._bounded(p_retention, 'retention', NULL);
+	END IF;
+	IF (now OPERATOR(pg_catalog.+) p_retention) OPERATOR(pg_catalog.<=) now THEN
+		PERFORM idempotency._require_positive(p_retention, now, 'retention');
+	END IF;
 	IF (now OPERATOR(pg_catalog.+) p_retention) OPERATOR(pg_catalog.<) (now OPERATOR(pg_catalog.+) p_lease) THEN
 		RAISE EXCEPTION 'retention must not be shorter than the lease'
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = 'A response stored at the end of the lease must still be there to be replayed.';
 	END IF;
-	p_wait := idempotency._bounded(wait, 'wait', '0');
-	IF now OPERATOR(pg_catalog.+) p_wait OPERATOR(pg_catalog.<) now THEN
-		RAISE EXCEPTION 'argument "wait" must not be negative'
-			USING ERRCODE = 'invalid_parameter_value';
+	IF p_wait IS NULL THEN
+		p_wait := '0';
+	ELSE
+		p_wait := idempotency._bounded(p_wait, 'wait', NULL);
+		IF (now OPERATOR(pg_catalog.+) p_wait) OPERATOR(pg_catalog.<) now THEN
+			RAISE EXCEPTION 'argument "wait" must not be negative'
+				USING ERRCODE = 'invalid_parameter_value';
+		END IF;
 	END IF;
-	PERFORM idempotency._require_writable('idempotency.claim()');
-	caller := idempotency._caller();
+	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+		PERFORM idempotency._require_writable('idempotency.claim()');
+	END IF;
+	-- The caller (see _caller); a pg_monitor member is checked there.
+	caller := quote_ident(CASE WHEN r OPERATOR(pg_catalog.=) 'none' THEN session_user ELSE r END)::regrole;
+	IF pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT pg_has_role(caller, current_user, 'USAGE') THEN
+		PERFORM idempotency._caller();
+	END IF;
 	-- Under REPEATABLE READ or SERIALIZABLE the snapshot would hide the
 	-- owner's complete or release: such a claim does not wait for them.
 	IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
@@ -474,7 +506,7 @@ BEGIN
 	END IF;
 	deadline := now OPERATOR(pg_catalog.+) p_wait;
 
-	FOR tries IN 1..1000000 LOOP
+	LOOP
 		-- The record the caller sees: its own live one, else a live one of a
 		-- role whose privileges it has, else its own expired one, else
 		-- another's.  Each statement reads with a new snapshot (READ COMMITTED).
@@ -679,20 +711,33 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	p_key text := idempotency._check_key(key) COLLATE "C";
+	p_key text COLLATE "C" := key;
 	p_fence bigint := fence;
-	p_scope text;
+	p_scope text := COALESCE(scope, current_setting('idempotency.scope', true), '');
 	p_status int := status_code;
 	p_body bytea := body;
 	p_headers jsonb;
 	release boolean;
 	size bigint;
+	r text := current_setting('role');
 	caller regrole;
 	now timestamptz;
 BEGIN
-	PERFORM idempotency._require(p_fence, 'fence');
-	p_scope := idempotency._scope(scope);
-	PERFORM idempotency._require(p_status, 'status_code');
+	-- The helpers' checks inline, as in claim.
+	IF p_key IS NULL OR octet_length(p_key) OPERATOR(pg_catalog.>) 255 OR p_key OPERATOR(pg_catalog.=) ''
+	   OR p_key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		PERFORM idempotency._check_key(p_key);
+	END IF;
+	IF p_fence IS NULL THEN
+		PERFORM idempotency._require(p_fence, 'fence');
+	END IF;
+	IF octet_length(p_scope) OPERATOR(pg_catalog.>) 255
+	   OR p_scope OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		p_scope := idempotency._scope(p_scope);
+	END IF;
+	IF p_status IS NULL THEN
+		PERFORM idempotency._require(p_status, 'status_code');
+	END IF;
 	IF p_status OPERATOR(pg_catalog.<) 100 OR p_status OPERATOR(pg_catalog.>) 599 THEN
 		RAISE EXCEPTION 'status code % is out of range', p_status
 			USING ERRCODE = 'invalid_parameter_value',
@@ -716,8 +761,13 @@ BEGIN
 	ELSE
 		p_body := NULL;
 	END IF;
-	PERFORM idempotency._require_writable('idempotency.complete()');
-	caller := idempotency._caller();
+	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+		PERFORM idempotency._require_writable('idempotency.complete()');
+	END IF;
+	caller := quote_ident(CASE WHEN r OPERATOR(pg_catalog.=) 'none' THEN session_user ELSE r END)::regrole;
+	IF pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT pg_has_role(caller, current_user, 'USAGE') THEN
+		PERFORM idempotency._caller();
+	END IF;
 	IF release THEN
 		DELETE FROM idempotency.keys k
 		WHERE k.key OPERATOR(pg_catalog.=) p_key
@@ -756,7 +806,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	p_key text := idempotency._check_key(key) COLLATE "C";
+	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
 	p_scope text;
 	caller regrole;
@@ -788,7 +838,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	now timestamptz := clock_timestamp();
-	p_key text := idempotency._check_key(key) COLLATE "C";
+	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
 	p_lease interval := lease;
 	p_scope text;
@@ -836,7 +886,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	p_key text := idempotency._check_key(key) COLLATE "C";
+	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
 	p_point text := recovery_point;
 	p_state jsonb := recovery_state;
@@ -887,11 +937,10 @@ RETURNS TABLE (r_scope text, r_key text, r_fingerprint bytea, r_state text,
 	r_headers jsonb, r_body bytea, r_created_at timestamptz,
 	r_completed_at timestamptz, r_expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE ROWS 1
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	now timestamptz := clock_timestamp();
-	k_key text := idempotency._check_key(p_key) COLLATE "C";
+	k_key text COLLATE "C" := idempotency._check_key(p_key);
 	k_scope text := idempotency._scope(p_scope);
 	caller regrole := idempotency._caller();
 BEGIN
@@ -1004,7 +1053,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	n int := COALESCE(batch, nullif(current_setting('idempotency.reaper_batch', true), '')::int, 10000);
+	n int := COALESCE(batch, (CASE WHEN current_setting('idempotency.reaper_batch', true) OPERATOR(pg_catalog.<>) ''
+		THEN current_setting('idempotency.reaper_batch', true) END)::int, 10000);
 	now timestamptz := clock_timestamp();
 	reaped bigint;
 BEGIN
