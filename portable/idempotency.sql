@@ -400,17 +400,19 @@ COMMENT ON FUNCTION idempotency._filter_headers(jsonb) IS
 -- The API
 ------------------------------------------------------------------------------
 
-CREATE FUNCTION idempotency.claim(
+-- claim() in full: every check, the decision in the design's order, the
+-- waits.  claim() answers a new key and a replay itself, and calls this for
+-- everything else.
+CREATE FUNCTION idempotency._claim(
 	key text,
 	fingerprint bytea,
-	scope text DEFAULT NULL,
-	lease interval DEFAULT NULL,
-	retention interval DEFAULT NULL,
-	wait interval DEFAULT NULL,
-	token uuid DEFAULT NULL)
+	scope text,
+	lease interval,
+	retention interval,
+	wait interval,
+	token uuid)
 RETURNS idempotency.claim_result
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
 	now timestamptz := clock_timestamp();
@@ -433,58 +435,59 @@ DECLARE
 	saved_lock_timeout text;
 	nap float8 := 0.005;
 	inserts_failed int := 0;
+	tries int := 0;
 BEGIN
-	-- The checks of the helpers, inline on the hot path: each raises only
-	-- through the helper, which gives the precise error.
+	-- The arguments' checks, in the C edition's order: one expression finds
+	-- them all in order, the helpers say which failed.
 	IF p_key IS NULL OR octet_length(p_key) OPERATOR(pg_catalog.>) 255 OR p_key OPERATOR(pg_catalog.=) ''
-	   OR p_key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
-		PERFORM idempotency._check_key(p_key);
-	END IF;
-	IF p_fp IS NULL THEN
-		RAISE EXCEPTION 'argument "fingerprint" must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF octet_length(p_fp) OPERATOR(pg_catalog.<) 1 OR octet_length(p_fp) OPERATOR(pg_catalog.>) 64 THEN
-		RAISE EXCEPTION 'invalid fingerprint'
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = format('A fingerprint must be 1 to 64 bytes long; this one has %s.', octet_length(p_fp));
-	END IF;
-	IF octet_length(p_scope) OPERATOR(pg_catalog.>) 255
+	   OR p_key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR p_fp IS NULL OR octet_length(p_fp) OPERATOR(pg_catalog.>) 64 OR octet_length(p_fp) OPERATOR(pg_catalog.=) 0
+	   OR octet_length(p_scope) OPERATOR(pg_catalog.>) 255
 	   OR p_scope OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		PERFORM idempotency._check_key(p_key);
+		IF p_fp IS NULL THEN
+			RAISE EXCEPTION 'argument "fingerprint" must not be null'
+				USING ERRCODE = 'null_value_not_allowed';
+		END IF;
+		IF octet_length(p_fp) OPERATOR(pg_catalog.<) 1 OR octet_length(p_fp) OPERATOR(pg_catalog.>) 64 THEN
+			RAISE EXCEPTION 'invalid fingerprint'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = format('A fingerprint must be 1 to 64 bytes long; this one has %s.', octet_length(p_fp));
+		END IF;
 		p_scope := idempotency._scope(p_scope);
 	END IF;
-	IF p_lease IS NULL THEN
-		setting := current_setting('idempotency.lease', true);
-		p_lease := CASE WHEN setting IS NULL THEN '60s'::interval
-			ELSE idempotency._setting_interval('idempotency.lease', 'ms', '60s') END;
-	ELSE
-		p_lease := idempotency._bounded(p_lease, 'lease', NULL);
-	END IF;
-	IF (now OPERATOR(pg_catalog.+) p_lease) OPERATOR(pg_catalog.<=) now THEN
-		PERFORM idempotency._require_positive(p_lease, now, 'lease');
-	END IF;
-	IF p_retention IS NULL THEN
-		setting := current_setting('idempotency.retention', true);
-		p_retention := CASE WHEN setting IS NULL THEN '24h'::interval
-			ELSE idempotency._setting_interval('idempotency.retention', 's', '24h') END;
-	ELSE
-		p_retention := idempotency._bounded(p_retention, 'retention', NULL);
-	END IF;
-	IF (now OPERATOR(pg_catalog.+) p_retention) OPERATOR(pg_catalog.<=) now THEN
-		PERFORM idempotency._require_positive(p_retention, now, 'retention');
-	END IF;
-	IF (now OPERATOR(pg_catalog.+) p_retention) OPERATOR(pg_catalog.<) (now OPERATOR(pg_catalog.+) p_lease) THEN
-		RAISE EXCEPTION 'retention must not be shorter than the lease'
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A response stored at the end of the lease must still be there to be replayed.';
-	END IF;
-	IF p_wait IS NULL THEN
+	IF p_lease IS NULL AND p_retention IS NULL AND p_wait IS NULL
+	   AND current_setting('idempotency.lease', true) IS NULL
+	   AND current_setting('idempotency.retention', true) IS NULL THEN
+		p_lease := '60s';
+		p_retention := '24h';
 		p_wait := '0';
 	ELSE
-		p_wait := idempotency._bounded(p_wait, 'wait', NULL);
-		IF (now OPERATOR(pg_catalog.+) p_wait) OPERATOR(pg_catalog.<) now THEN
-			RAISE EXCEPTION 'argument "wait" must not be negative'
-				USING ERRCODE = 'invalid_parameter_value';
+		IF p_lease IS NULL THEN
+			p_lease := idempotency._setting_interval('idempotency.lease', 'ms', '60s');
+		ELSE
+			p_lease := idempotency._bounded(p_lease, 'lease', NULL);
+		END IF;
+		PERFORM idempotency._require_positive(p_lease, now, 'lease');
+		IF p_retention IS NULL THEN
+			p_retention := idempotency._setting_interval('idempotency.retention', 's', '24h');
+		ELSE
+			p_retention := idempotency._bounded(p_retention, 'retention', NULL);
+		END IF;
+		PERFORM idempotency._require_positive(p_retention, now, 'retention');
+		IF (now OPERATOR(pg_catalog.+) p_retention) OPERATOR(pg_catalog.<) (now OPERATOR(pg_catalog.+) p_lease) THEN
+			RAISE EXCEPTION 'retention must not be shorter than the lease'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'A response stored at the end of the lease must still be there to be replayed.';
+		END IF;
+		IF p_wait IS NULL THEN
+			p_wait := '0';
+		ELSE
+			p_wait := idempotency._bounded(p_wait, 'wait', NULL);
+			IF (now OPERATOR(pg_catalog.+) p_wait) OPERATOR(pg_catalog.<) now THEN
+				RAISE EXCEPTION 'argument "wait" must not be negative'
+					USING ERRCODE = 'invalid_parameter_value';
+			END IF;
 		END IF;
 	END IF;
 	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
@@ -500,6 +503,7 @@ BEGIN
 	IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
 		p_wait := '0';
 	END IF;
+
 	deadline := now OPERATOR(pg_catalog.+) p_wait;
 
 	LOOP
@@ -687,24 +691,108 @@ BEGIN
 			END IF;
 			RETURN res;
 		END IF;
-		-- A concurrent transaction changed the record first: read it again.
+		-- A concurrent transaction changed the record first: read it again;
+		-- a claim that keeps losing such races gives up.
+		tries := tries OPERATOR(pg_catalog.+) 1;
+		IF tries OPERATOR(pg_catalog.>=) 16 THEN
+			RAISE EXCEPTION 'could not claim idempotency key "%" because of concurrent updates', p_key
+				USING ERRCODE = 'serialization_failure', HINT = 'Retry the claim.';
+		END IF;
 		now := clock_timestamp();
 	END LOOP;
+END
+$$;
+CREATE FUNCTION idempotency.claim(
+	key text,
+	fingerprint bytea,
+	scope text DEFAULT NULL,
+	lease interval DEFAULT NULL,
+	retention interval DEFAULT NULL,
+	wait interval DEFAULT NULL,
+	token uuid DEFAULT NULL)
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- The hot path: a new key, or a replay of the caller's own record, with the
+-- default lease, retention and no wait, in READ COMMITTED.  A PL/pgSQL
+-- function prepares each of its expressions again in every transaction:
+-- this one has few, and leaves every other case to _claim.
+DECLARE
+	rec record;
+	new_fence bigint;
+	new_created_at timestamptz;
+BEGIN
+	IF claim.key IS NULL OR octet_length(claim.key) OPERATOR(pg_catalog.>) 255
+	   OR claim.key OPERATOR(pg_catalog.=) '' OR claim.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR claim.fingerprint IS NULL OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.>) 64
+	   OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.=) 0
+	   OR claim.scope IS NOT NULL OR claim.lease IS NOT NULL OR claim.retention IS NOT NULL
+	   OR claim.wait IS NOT NULL OR claim.token IS NOT NULL
+	   OR current_setting('idempotency.scope', true) IS NOT NULL
+	   OR current_setting('idempotency.lease', true) IS NOT NULL
+	   OR current_setting('idempotency.retention', true) IS NOT NULL
+	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
+		   AND NOT pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								   THEN session_user ELSE current_setting('role') END)::regrole, current_user, 'USAGE')) THEN
+		RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
+								  claim.retention, claim.wait, claim.token);
+	END IF;
+	-- The caller's records of (scope '', key), its own first (see _claim).
+	SELECT c.caller, c.now, k.owner, k.state, k.expires_at, k.lease_expires_at, k.created_at,
+		   k.fingerprint OPERATOR(pg_catalog.=) claim.fingerprint AS same_fp,
+		   k.status_code, k.headers, k.body
+	INTO rec
+	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
+				 clock_timestamp() AS now) c
+	LEFT JOIN LATERAL (
+		SELECT * FROM idempotency.keys k
+		WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
+		  AND k.scope OPERATOR(pg_catalog.=) ''
+		  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
+		ORDER BY k.owner OPERATOR(pg_catalog.<>) c.caller
+		LIMIT 1) k ON true;
+	IF rec.owner IS NULL THEN
+		-- No record: one INSERT, which the primary key settles (waiting, as
+		-- it does, for a transaction inserting the same record).
+		INSERT INTO idempotency.keys AS k (fence, created_at, expires_at, attempt, owner,
+			lease, lease_expires_at, state, scope, key, fingerprint)
+		SELECT nextval('idempotency.fence_seq'), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1,
+			rec.caller, '60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress', '',
+			claim.key, claim.fingerprint
+		FROM (SELECT clock_timestamp() AS now) t
+		ON CONFLICT DO NOTHING
+		RETURNING k.fence, k.created_at INTO new_fence, new_created_at;
+		IF new_fence IS NOT NULL THEN
+			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, new_created_at)::idempotency.claim_result;
+		END IF;
+	ELSIF rec.owner OPERATOR(pg_catalog.=) rec.caller AND rec.same_fp
+		  AND rec.state OPERATOR(pg_catalog.=) 'completed' AND rec.expires_at OPERATOR(pg_catalog.>) rec.now THEN
+		RETURN ROW('replay', NULL, NULL, rec.status_code, rec.headers, rec.body, NULL, NULL, NULL,
+				   rec.created_at)::idempotency.claim_result;
+	END IF;
+	RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
+							  claim.retention, claim.wait, claim.token);
 END
 $$;
 COMMENT ON FUNCTION idempotency.claim(text, bytea, text, interval, interval, interval, uuid) IS
 	'Claims an idempotency key: new (run the request), replay, in_progress or mismatch';
 
-CREATE FUNCTION idempotency.complete(
+-- complete() in full; complete() stores a 1xx-4xx response without
+-- headers itself, and calls this for everything else.
+CREATE FUNCTION idempotency._complete(
 	key text,
 	fence bigint,
 	status_code integer,
-	body bytea DEFAULT NULL,
-	headers jsonb DEFAULT NULL,
-	scope text DEFAULT NULL)
+	body bytea,
+	headers jsonb,
+	scope text)
 RETURNS text
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
 	p_key text COLLATE "C" := key;
@@ -788,6 +876,53 @@ BEGIN
 		PERFORM idempotency._fence_lost(p_key);
 	END IF;
 	RETURN CASE WHEN release THEN 'released' ELSE 'stored' END;
+END
+$$;
+CREATE FUNCTION idempotency.complete(
+	key text,
+	fence bigint,
+	status_code integer,
+	body bytea DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- The hot path, as claim's: few expressions, the rest in _complete.
+BEGIN
+	IF complete.key IS NULL OR octet_length(complete.key) OPERATOR(pg_catalog.>) 255
+	   OR complete.key OPERATOR(pg_catalog.=) '' OR complete.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR complete.fence IS NULL OR complete.status_code IS NULL
+	   OR complete.status_code OPERATOR(pg_catalog.<) 100 OR complete.status_code OPERATOR(pg_catalog.>) 499
+	   OR complete.headers IS NOT NULL OR complete.scope IS NOT NULL
+	   OR octet_length(complete.body) OPERATOR(pg_catalog.>) 1048576
+	   OR current_setting('idempotency.max_response_bytes', true) IS NOT NULL
+	   OR current_setting('idempotency.scope', true) IS NOT NULL
+	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
+		   AND NOT pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								   THEN session_user ELSE current_setting('role') END)::regrole, current_user, 'USAGE')) THEN
+		RETURN idempotency._complete(complete.key, complete.fence, complete.status_code,
+									 complete.body, complete.headers, complete.scope);
+	END IF;
+	UPDATE idempotency.keys k
+	SET state = 'completed', status_code = complete.status_code, headers = NULL, body = complete.body,
+		completed_at = c.now, lease_expires_at = NULL, lease = NULL, token = NULL
+	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
+				 clock_timestamp() AS now) c
+	WHERE k.key OPERATOR(pg_catalog.=) (complete.key COLLATE "C")
+	  AND k.scope OPERATOR(pg_catalog.=) ''
+	  AND k.fence OPERATOR(pg_catalog.=) complete.fence
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+	  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) c.now AND k.lease_expires_at OPERATOR(pg_catalog.<=) c.now);
+	IF NOT FOUND THEN
+		PERFORM idempotency._fence_lost(complete.key);
+	END IF;
+	RETURN 'stored';
 END
 $$;
 COMMENT ON FUNCTION idempotency.complete(text, bigint, integer, bytea, jsonb, text) IS
@@ -1180,7 +1315,9 @@ REVOKE ALL ON FUNCTION idempotency._require(anyelement, text), idempotency._has_
 	idempotency._setting_interval(text, text, interval), idempotency._bounded(interval, text, interval),
 	idempotency._require_positive(interval, timestamptz, text), idempotency._require_writable(text),
 	idempotency._caller(), idempotency._fence_lost(text), idempotency._max_response_bytes(),
-	idempotency._filter_headers(jsonb), idempotency._lookup(text, text)
+	idempotency._filter_headers(jsonb), idempotency._lookup(text, text),
+	idempotency._claim(text, bytea, text, interval, interval, interval, uuid),
+	idempotency._complete(text, bigint, integer, bytea, jsonb, text)
 	FROM PUBLIC;
 
 COMMIT; -- plain only
