@@ -779,6 +779,8 @@ BEGIN
 							  claim.retention, claim.wait, claim.token);
 END
 $$;
+COMMENT ON FUNCTION idempotency._claim(text, bytea, text, interval, interval, interval, uuid) IS
+	'internal: claim() in full, for all but its hot path';
 COMMENT ON FUNCTION idempotency.claim(text, bytea, text, interval, interval, interval, uuid) IS
 	'Claims an idempotency key: new (run the request), replay, in_progress or mismatch';
 
@@ -925,6 +927,8 @@ BEGIN
 	RETURN 'stored';
 END
 $$;
+COMMENT ON FUNCTION idempotency._complete(text, bigint, integer, bytea, jsonb, text) IS
+	'internal: complete() in full, for all but its hot path';
 COMMENT ON FUNCTION idempotency.complete(text, bigint, integer, bytea, jsonb, text) IS
 	'Stores the response of a claim (stored), or releases it for a 5xx (released)';
 
