@@ -95,20 +95,20 @@ SELECT outcome FROM idempotency.claim('job-2', '\x03');
 SELECT fence = :f3 AS same_owner FROM idempotency.keys WHERE key = 'job-2';
 
 -- an expired record counts as absent: new, attempt 1, any fingerprint
-SELECT fence AS f4 FROM idempotency.claim('old-1', '\x04', lease => '10 milliseconds',
-                                          retention => '10 milliseconds') \gset
+SELECT fence AS f4 FROM idempotency.claim('old-1', '\x04', lease => '500 milliseconds',
+                                          retention => '500 milliseconds') \gset
 SELECT idempotency.complete('old-1', :f4, 200, 'old');
-SELECT pg_sleep(0.05);
+SELECT pg_sleep(0.6);
 SELECT outcome, fence > :f4 AS larger_fence, attempt, recovery_point
 FROM idempotency.claim('old-1', '\x05');
 SELECT state, body IS NULL AS body_cleared, fingerprint FROM idempotency.keys WHERE key = 'old-1';
 
 -- an expired in_progress record is absent only once its lease has ended too
 -- (a lease extended past the retention, which moves the expiry with it)
-SELECT fence AS f5 FROM idempotency.claim('old-2', '\x06', lease => '10 milliseconds',
-                                          retention => '10 milliseconds') \gset
+SELECT fence AS f5 FROM idempotency.claim('old-2', '\x06', lease => '500 milliseconds',
+                                          retention => '500 milliseconds') \gset
 SELECT idempotency.extend('old-2', :f5, '60s') > clock_timestamp() AS extended;
-SELECT pg_sleep(0.05);
+SELECT pg_sleep(0.6);
 SELECT outcome FROM idempotency.claim('old-2', '\x07');
 SELECT outcome FROM idempotency.claim('old-2', '\x06');
 
