@@ -719,7 +719,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 -- The hot path: a new key, or a replay of the caller's own record, with the
--- default lease, retention and no wait, in READ COMMITTED.  A PL/pgSQL
+-- default lease and retention, no wait, in READ COMMITTED.  A PL/pgSQL
 -- function prepares each of its expressions again in every transaction:
 -- this one has few, and leaves every other case to _claim.
 DECLARE
@@ -731,9 +731,10 @@ BEGIN
 	   OR claim.key OPERATOR(pg_catalog.=) '' OR claim.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR claim.fingerprint IS NULL OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.>) 64
 	   OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.=) 0
-	   OR claim.scope IS NOT NULL OR claim.lease IS NOT NULL OR claim.retention IS NOT NULL
-	   OR claim.wait IS NOT NULL OR claim.token IS NOT NULL
-	   OR current_setting('idempotency.scope', true) IS NOT NULL
+	   OR octet_length(COALESCE(claim.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
+	   OR COALESCE(claim.scope, current_setting('idempotency.scope', true), '')
+		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR claim.lease IS NOT NULL OR claim.retention IS NOT NULL OR claim.wait IS NOT NULL
 	   OR current_setting('idempotency.lease', true) IS NOT NULL
 	   OR current_setting('idempotency.retention', true) IS NOT NULL
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
@@ -745,18 +746,19 @@ BEGIN
 		RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
 								  claim.retention, claim.wait, claim.token);
 	END IF;
-	-- The caller's records of (scope '', key), its own first (see _claim).
-	SELECT c.caller, c.now, k.owner, k.state, k.expires_at, k.lease_expires_at, k.created_at,
+	-- The caller's records of (scope, key), its own first (see _claim).
+	SELECT c.caller, c.now, c.scope, k.owner, k.state, k.expires_at, k.lease_expires_at, k.created_at,
 		   k.fingerprint OPERATOR(pg_catalog.=) claim.fingerprint AS same_fp,
 		   k.status_code, k.headers, k.body
 	INTO rec
 	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
 								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
-				 clock_timestamp() AS now) c
+				 clock_timestamp() AS now,
+				 COALESCE(claim.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
 	LEFT JOIN LATERAL (
 		SELECT * FROM idempotency.keys k
 		WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
-		  AND k.scope OPERATOR(pg_catalog.=) ''
+		  AND k.scope OPERATOR(pg_catalog.=) c.scope
 		  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
 		ORDER BY k.owner OPERATOR(pg_catalog.<>) c.caller
 		LIMIT 1) k ON true;
@@ -764,10 +766,10 @@ BEGIN
 		-- No record: one INSERT, which the primary key settles (waiting, as
 		-- it does, for a transaction inserting the same record).
 		INSERT INTO idempotency.keys AS k (fence, created_at, expires_at, attempt, owner,
-			lease, lease_expires_at, state, scope, key, fingerprint)
+			lease, lease_expires_at, state, scope, key, fingerprint, token)
 		SELECT nextval('idempotency.fence_seq'), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1,
-			rec.caller, '60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress', '',
-			claim.key, claim.fingerprint
+			rec.caller, '60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
+			rec.scope, claim.key, claim.fingerprint, claim.token
 		FROM (SELECT clock_timestamp() AS now) t
 		ON CONFLICT DO NOTHING
 		RETURNING k.fence, k.created_at INTO new_fence, new_created_at;
@@ -901,10 +903,12 @@ BEGIN
 	   OR complete.key OPERATOR(pg_catalog.=) '' OR complete.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR complete.fence IS NULL OR complete.status_code IS NULL
 	   OR complete.status_code OPERATOR(pg_catalog.<) 100 OR complete.status_code OPERATOR(pg_catalog.>) 499
-	   OR complete.headers IS NOT NULL OR complete.scope IS NOT NULL
+	   OR complete.headers IS NOT NULL
+	   OR octet_length(COALESCE(complete.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
+	   OR COALESCE(complete.scope, current_setting('idempotency.scope', true), '')
+		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR octet_length(complete.body) OPERATOR(pg_catalog.>) 1048576
 	   OR current_setting('idempotency.max_response_bytes', true) IS NOT NULL
-	   OR current_setting('idempotency.scope', true) IS NOT NULL
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
 	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
 							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
@@ -918,9 +922,10 @@ BEGIN
 		completed_at = c.now, lease_expires_at = NULL, lease = NULL, token = NULL
 	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
 								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
-				 clock_timestamp() AS now) c
+				 clock_timestamp() AS now,
+				 COALESCE(complete.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
 	WHERE k.key OPERATOR(pg_catalog.=) (complete.key COLLATE "C")
-	  AND k.scope OPERATOR(pg_catalog.=) ''
+	  AND k.scope OPERATOR(pg_catalog.=) c.scope
 	  AND k.fence OPERATOR(pg_catalog.=) complete.fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
 	  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
