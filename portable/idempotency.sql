@@ -715,7 +715,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 -- The hot path: a new key, or a replay of the caller's own record, with the
--- default lease and retention, no wait, in READ COMMITTED.  A PL/pgSQL
+-- default lease and retention (unset, or set as the C edition shows its
+-- defaults: its library may be loaded too), no wait, in READ COMMITTED.  A PL/pgSQL
 -- function prepares each of its expressions again in every transaction:
 -- this one has few, and leaves every other case to _claim.
 DECLARE
@@ -731,8 +732,8 @@ BEGIN
 	   OR COALESCE(claim.scope, current_setting('idempotency.scope', true), '')
 		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR claim.lease IS NOT NULL OR claim.retention IS NOT NULL OR claim.wait IS NOT NULL
-	   OR current_setting('idempotency.lease', true) IS NOT NULL
-	   OR current_setting('idempotency.retention', true) IS NOT NULL
+	   OR COALESCE(current_setting('idempotency.lease', true), '1min') OPERATOR(pg_catalog.<>) '1min'
+	   OR COALESCE(current_setting('idempotency.retention', true), '1d') OPERATOR(pg_catalog.<>) '1d'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
 	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
 	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
@@ -904,7 +905,7 @@ BEGIN
 	   OR COALESCE(complete.scope, current_setting('idempotency.scope', true), '')
 		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR octet_length(complete.body) OPERATOR(pg_catalog.>) 1048576
-	   OR current_setting('idempotency.max_response_bytes', true) IS NOT NULL
+	   OR COALESCE(current_setting('idempotency.max_response_bytes', true), '1MB') OPERATOR(pg_catalog.<>) '1MB'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
 	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
 							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
