@@ -56,6 +56,8 @@ make_tmp() {
 
 # Creates $EX_TMP and in it a cluster preloading the extension, on 127.0.0.1
 # (trust authentication: it lives only as long as the script) and a socket in $EX_TMP/pg.
+# With EX_EDITION=portable it preloads nothing, and create_db installs the
+# portable edition (portable/idempotency.sql) instead of CREATE EXTENSION.
 start_cluster() {
 	make_tmp
 	as_admin install -d -o postgres -g postgres -m 700 "$EX_TMP/pg"
@@ -66,7 +68,7 @@ start_cluster() {
 		return 1
 	fi
 	as_postgres tee -a "$EX_TMP/pg/data/postgresql.conf" >/dev/null <<-EOF
-		shared_preload_libraries = 'idempotency'
+		shared_preload_libraries = '$([ "${EX_EDITION:-}" = portable ] || echo idempotency)'
 		listen_addresses = '127.0.0.1'
 		port = $EX_PGPORT
 		unix_socket_directories = '$EX_TMP/pg'
@@ -98,7 +100,11 @@ ex_sql() {
 # Creates database $1 of the cluster with the extension; prints its URL.
 create_db() {
 	ex_sql "$(db_url postgres)" "CREATE DATABASE $1" >/dev/null
-	ex_sql "$(db_url "$1")" "CREATE EXTENSION idempotency" >/dev/null
+	if [ "${EX_EDITION:-}" = portable ]; then
+		"$PGBIN/psql" "$(db_url "$1")" -X -q -v ON_ERROR_STOP=1 -f "$EXAMPLES/../portable/idempotency.sql" >/dev/null
+	else
+		ex_sql "$(db_url "$1")" "CREATE EXTENSION idempotency" >/dev/null
+	fi
 	db_url "$1"
 }
 

@@ -1,0 +1,1333 @@
+-- version: 1.2
+/* portable/idempotency.sql: the portable edition of idempotency, 1.2.
+ *
+ * The API of the C extension in SQL and PL/pgSQL, for servers that load no
+ * library of ours (managed PostgreSQL): the same names, signatures,
+ * defaults, result columns, outcomes, SQLSTATEs, fingerprints and record
+ * format.  Install it as a database owner:
+ *
+ *     psql -v ON_ERROR_STOP=1 -f portable/idempotency.sql
+ *
+ * This file is the one source: portable/build makes portable/pg_tle.sql from
+ * it (CREATE EXTENSION idempotency through pg_tle).  Lines marked
+ * "-- plain only" are left out of that form, lines starting "-- pg_tle: "
+ * are put in (uncommented).  README.md, "Managed PostgreSQL", says what
+ * differs from the C edition.
+ *
+ * How the calls run: every API function is SECURITY DEFINER, owned by
+ * whoever ran this script (the table's owner), with search_path fixed to
+ * pg_catalog, pg_temp; every operator below is schema-qualified all the
+ * same.  A record belongs to the calling role (SET ROLE's role, else the
+ * session's): other roles see it only when they have that role's
+ * privileges.  Calling a function needs USAGE on the schema, as for any
+ * schema; pg_monitor's USAGE (for the stats view) is refused the API.
+ *
+ * The atomic claim: a claim reads the record with a fresh snapshot and
+ * decides in the design's order; only `new` writes, with one conditional
+ * write whose own WHERE clause (or the primary key, for INSERT ... ON
+ * CONFLICT DO NOTHING) settles any race, waiting as PostgreSQL does for a
+ * transaction writing the same record.  A write that a concurrent
+ * transaction made moot sends the claim round again.
+ */
+
+BEGIN; -- plain only
+
+-- The schema is our own: CREATE SCHEMA fails when one by that name exists,
+-- so that nobody else's objects (an operator, a function) can be bound in.
+CREATE SCHEMA idempotency;
+COMMENT ON SCHEMA idempotency IS
+	'Idempotency keys for HTTP APIs; grant USAGE to the roles that use the API';
+
+CREATE TYPE idempotency.state AS ENUM ('in_progress', 'completed');
+COMMENT ON TYPE idempotency.state IS 'State of an idempotency record';
+
+CREATE SEQUENCE idempotency.fence_seq AS bigint;
+COMMENT ON SEQUENCE idempotency.fence_seq IS
+	'Fencing tokens: each claim and takeover takes a new, larger one';
+
+-- The reaper's index key, as the C edition's: the whole second, rounded
+-- down, in which a record expires, counted from 2000-01-01 UTC.  Built of
+-- immutable functions only, so that the planner inlines it (a SQL function
+-- called per index entry costs more than the rest of an insert).
+CREATE FUNCTION idempotency._expiry_second(expires_at timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN pg_catalog.floor(EXTRACT(epoch FROM
+	expires_at OPERATOR(pg_catalog.-) '2000-01-01 00:00:00+00'::timestamptz))::bigint;
+COMMENT ON FUNCTION idempotency._expiry_second(timestamptz) IS
+	'internal: the second in which a record expires, the key of the reaper''s index';
+
+-- The table of the C edition, column for column (see sql/idempotency--1.0.sql
+-- for why this order); token (1.2) is kept only while a record is in progress.
+CREATE TABLE idempotency.keys (
+	fence            bigint NOT NULL,
+	created_at       timestamptz NOT NULL,
+	expires_at       timestamptz NOT NULL,
+	attempt          integer NOT NULL,
+	owner            regrole NOT NULL,
+	lease            interval,
+	lease_expires_at timestamptz,
+	completed_at     timestamptz,
+	status_code      integer,
+	state            idempotency.state NOT NULL,
+	headers          jsonb,
+	body             bytea,
+	recovery_point   text,
+	recovery_state   jsonb,
+	scope            text NOT NULL COLLATE pg_catalog."C",
+	key              text NOT NULL COLLATE pg_catalog."C",
+	fingerprint      bytea NOT NULL,
+	token            uuid,
+	PRIMARY KEY (key, scope, owner)
+);
+COMMENT ON TABLE idempotency.keys IS
+	'Idempotency records, one per (scope, key, owner role); read and written only through the API';
+
+CREATE INDEX keys_expiry_second_idx ON idempotency.keys (idempotency._expiry_second(expires_at));
+
+REVOKE ALL ON idempotency.keys FROM PUBLIC;
+REVOKE ALL ON idempotency.fence_seq FROM PUBLIC;
+
+-- pg_tle: SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
+-- pg_tle: SELECT pg_catalog.pg_extension_config_dump('idempotency.fence_seq', '');
+
+CREATE TYPE idempotency.claim_result AS (
+	outcome        text,
+	fence          bigint,
+	attempt        integer,
+	status_code    integer,
+	headers        jsonb,
+	body           bytea,
+	recovery_point text,
+	recovery_state jsonb,
+	retry_after    integer,
+	created_at     timestamptz);
+COMMENT ON TYPE idempotency.claim_result IS 'The answer of idempotency.claim()';
+
+------------------------------------------------------------------------------
+-- Internal helpers: arguments, settings, the caller.  Not for PUBLIC: only
+-- the API's functions call them, which fix search_path for them (a SET
+-- clause of their own would cost each call a search_path change).
+------------------------------------------------------------------------------
+
+-- Raises 22004 when a required argument is NULL.
+CREATE FUNCTION idempotency._require(val anyelement, name text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+	IF val IS NULL THEN
+		RAISE EXCEPTION 'argument "%" must not be null', name
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION idempotency._require(anyelement, text) IS
+	'internal: raises 22004 when a required argument is NULL';
+
+-- Tells whether s holds a control character: C0, DEL, or C1 in UTF-8.
+CREATE FUNCTION idempotency._has_control_chars(s text)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN s OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f]'
+	OR (s OPERATOR(pg_catalog.~) '[\u0080-\u009f]'
+		AND pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.=) 'UTF8');
+COMMENT ON FUNCTION idempotency._has_control_chars(text) IS
+	'internal: whether a text holds control characters';
+
+-- Raises 22023 unless key is 1 to 255 bytes without control characters.
+CREATE FUNCTION idempotency._check_key(key text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+	len int := octet_length(key);
+BEGIN
+	IF key IS NULL THEN
+		RAISE EXCEPTION 'argument "key" must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF len OPERATOR(pg_catalog.<) 1 OR len OPERATOR(pg_catalog.>) 255 THEN
+		RAISE EXCEPTION 'invalid idempotency key'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = format('An idempotency key must be 1 to 255 bytes long; this one has %s.', len);
+	END IF;
+	IF idempotency._has_control_chars(key) THEN
+		RAISE EXCEPTION 'invalid idempotency key'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'An idempotency key must not contain control characters.';
+	END IF;
+	RETURN key;
+END
+$$;
+COMMENT ON FUNCTION idempotency._check_key(text) IS
+	'internal: checks a key argument (22004, 22023)';
+
+-- Returns the scope argument, or idempotency.scope when NULL; at most 255
+-- bytes, no control characters (22023).
+CREATE FUNCTION idempotency._scope(scope text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+	s text := COALESCE(scope, current_setting('idempotency.scope', true), '');
+BEGIN
+	IF octet_length(s) OPERATOR(pg_catalog.>) 255 THEN
+		RAISE EXCEPTION 'invalid scope'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = format('A scope must be at most 255 bytes long; this one has %s.', octet_length(s));
+	END IF;
+	IF idempotency._has_control_chars(s) THEN
+		RAISE EXCEPTION 'invalid scope'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A scope must not contain control characters.';
+	END IF;
+	RETURN s;
+END
+$$;
+COMMENT ON FUNCTION idempotency._scope(text) IS
+	'internal: the scope argument, or the setting idempotency.scope';
+
+-- Returns a duration setting as an interval: a bare number is in unit (the
+-- C edition's unit for it), anything else is read as an interval ('2s').
+CREATE FUNCTION idempotency._setting_interval(name text, unit text, dflt interval)
+RETURNS interval
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+	v text := btrim(current_setting(name, true));
+BEGIN
+	IF v IS NULL OR v OPERATOR(pg_catalog.=) '' THEN
+		RETURN dflt;
+	ELSIF v OPERATOR(pg_catalog.~) '^[0-9]+$' THEN
+		RETURN (v OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) unit)::interval;
+	END IF;
+	RETURN v::interval;
+END
+$$;
+COMMENT ON FUNCTION idempotency._setting_interval(text, text, interval) IS
+	'internal: a duration setting, read as the C edition reads it';
+
+-- Returns an interval argument, or dflt when NULL; 22023 when a field is
+-- beyond 10000 years (so that now + it cannot overflow).
+CREATE FUNCTION idempotency._bounded(span interval, name text, dflt interval)
+RETURNS interval
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+	months numeric;
+	days numeric;
+	usecs numeric;
+BEGIN
+	IF span IS NULL THEN
+		RETURN dflt;
+	END IF;
+	months := EXTRACT(year FROM span) OPERATOR(pg_catalog.*) 12 OPERATOR(pg_catalog.+) EXTRACT(month FROM span);
+	days := EXTRACT(day FROM span);
+	IF abs(months) OPERATOR(pg_catalog.<=) 120000 AND abs(days) OPERATOR(pg_catalog.<=) 3660000 THEN
+		usecs := EXTRACT(epoch FROM span OPERATOR(pg_catalog.-)
+						 make_interval(months => months::int, days => days::int))
+				 OPERATOR(pg_catalog.*) 1000000;
+	END IF;
+	IF usecs IS NULL OR abs(usecs) OPERATOR(pg_catalog.>) 316224000000000::numeric THEN
+		RAISE EXCEPTION 'argument "%" is out of range', name
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Each field of the interval must be at most 10000 years.';
+	END IF;
+	RETURN span;
+END
+$$;
+COMMENT ON FUNCTION idempotency._bounded(interval, text, interval) IS
+	'internal: an interval argument within 10000 years per field (22023)';
+
+-- Raises 22023 unless now + span is later than now.
+CREATE FUNCTION idempotency._require_positive(span interval, now timestamptz, name text)
+RETURNS interval
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+	IF now OPERATOR(pg_catalog.+) span OPERATOR(pg_catalog.<=) now THEN
+		RAISE EXCEPTION 'argument "%" must be positive', name
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'The interval must end later than it starts, whatever its months and days add up to.';
+	END IF;
+	RETURN span;
+END
+$$;
+COMMENT ON FUNCTION idempotency._require_positive(interval, timestamptz, text) IS
+	'internal: raises 22023 unless an interval is positive as elapsed time';
+
+-- Raises 25006 in a read-only transaction or on a standby, as the C
+-- edition's PreventCommandIfReadOnly does, whatever the call would write.
+CREATE FUNCTION idempotency._require_writable(what text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+		RAISE EXCEPTION 'cannot execute % in a read-only transaction', what
+			USING ERRCODE = 'read_only_sql_transaction';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION idempotency._require_writable(text) IS
+	'internal: raises 25006 in a read-only transaction';
+
+-- Returns the calling role, whose records are its own: the role of SET
+-- ROLE, else the session's.  Raises 42501 for a role whose only USAGE on
+-- the schema is pg_monitor's (that grant is for the stats view).  Runs in
+-- the API's SECURITY DEFINER functions, whose current_user is the owner.
+CREATE FUNCTION idempotency._caller()
+RETURNS regrole
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+	r text := current_setting('role');
+	caller regrole;
+BEGIN
+	IF r OPERATOR(pg_catalog.=) 'none' THEN
+		r := session_user;
+	END IF;
+	caller := quote_ident(r)::regrole;
+	IF pg_has_role(caller, 'pg_monitor', 'USAGE')
+	   AND NOT pg_has_role(caller, current_user, 'USAGE')
+	   AND NOT EXISTS (
+		   SELECT FROM pg_namespace n,
+				LATERAL aclexplode(COALESCE(n.nspacl, acldefault('n', n.nspowner))) a
+		   WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'
+			 AND a.privilege_type OPERATOR(pg_catalog.=) 'USAGE'
+			 AND a.grantee OPERATOR(pg_catalog.<>) 'pg_monitor'::regrole
+			 AND (a.grantee OPERATOR(pg_catalog.=) 0::oid
+				  OR pg_has_role(caller, a.grantee, 'USAGE'))) THEN
+		RAISE EXCEPTION 'permission denied for schema idempotency'
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'Membership in pg_monitor gives access to idempotency.stats only.',
+				  HINT = 'Grant USAGE on schema idempotency to the roles that use the API.';
+	END IF;
+	RETURN caller;
+END
+$$;
+COMMENT ON FUNCTION idempotency._caller() IS
+	'internal: the calling role, allowed to use the API';
+
+-- Raises IK001: the fence no longer owns the claim.
+CREATE FUNCTION idempotency._fence_lost(key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+	RAISE EXCEPTION 'this fence no longer owns idempotency key "%"', key
+		USING ERRCODE = 'IK001',
+			  DETAIL = 'The claim was taken over, released, completed or expired.',
+			  HINT = 'Do not send this response: another attempt owns the request.';
+END
+$$;
+COMMENT ON FUNCTION idempotency._fence_lost(text) IS
+	'internal: raises IK001';
+
+-- Returns idempotency.max_response_bytes in bytes (default 1MB).
+CREATE FUNCTION idempotency._max_response_bytes()
+RETURNS bigint
+LANGUAGE sql STABLE
+RETURN COALESCE(pg_catalog.pg_size_bytes(CASE
+	WHEN pg_catalog.current_setting('idempotency.max_response_bytes', true) OPERATOR(pg_catalog.<>) ''
+	THEN pg_catalog.current_setting('idempotency.max_response_bytes', true) END), 1048576);
+COMMENT ON FUNCTION idempotency._max_response_bytes() IS
+	'internal: the setting idempotency.max_response_bytes, in bytes';
+
+-- Checks headers (a JSON object whose names are HTTP tokens and whose values
+-- are strings or arrays of strings without CR or LF) and returns them
+-- without those named in idempotency.header_denylist (any case).
+CREATE FUNCTION idempotency._filter_headers(headers jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+	list text := COALESCE(current_setting('idempotency.header_denylist', true),
+		'set-cookie, authorization, proxy-authorization, cookie, www-authenticate');
+	denied text[];
+	h record;
+	v jsonb;
+	dropped text[] := '{}';
+BEGIN
+	IF jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
+		RAISE EXCEPTION 'invalid response headers'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Headers must be a JSON object.';
+	END IF;
+	SELECT COALESCE(array_agg(lower(btrim(btrim(n), '"'))), '{}') INTO denied
+	FROM unnest(string_to_array(list, ',')) n
+	WHERE btrim(n) OPERATOR(pg_catalog.<>) '';
+	FOR h IN SELECT * FROM jsonb_each(headers) LOOP
+		IF h.key OPERATOR(pg_catalog.=) '' THEN
+			RAISE EXCEPTION 'invalid response header name ""'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'A header name must not be empty.';
+		END IF;
+		IF h.key OPERATOR(pg_catalog.!~) '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' THEN
+			RAISE EXCEPTION 'invalid response header name "%"', h.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'A header name must be an HTTP token: letters, digits and !#$%&''*+-.^_`|~ only.';
+		END IF;
+		FOR v IN SELECT CASE WHEN jsonb_typeof(h.value) OPERATOR(pg_catalog.=) 'array' THEN e ELSE h.value END
+				 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(h.value) OPERATOR(pg_catalog.=) 'array'
+										   THEN h.value ELSE '[null]' END) e LOOP
+			IF jsonb_typeof(v) OPERATOR(pg_catalog.<>) 'string' THEN
+				RAISE EXCEPTION 'invalid value of response header "%"', h.key
+					USING ERRCODE = 'invalid_parameter_value',
+						  DETAIL = 'A header value must be a string or an array of strings.';
+			END IF;
+			IF (v OPERATOR(pg_catalog.#>>) '{}') OPERATOR(pg_catalog.~) '[\r\n]' THEN
+				RAISE EXCEPTION 'invalid value of response header "%"', h.key
+					USING ERRCODE = 'invalid_parameter_value',
+						  DETAIL = 'A header value must not contain CR, LF or NUL characters.';
+			END IF;
+		END LOOP;
+		IF lower(h.key) OPERATOR(pg_catalog.=) ANY (denied) THEN
+			dropped := dropped OPERATOR(pg_catalog.||) h.key;
+		END IF;
+	END LOOP;
+	IF cardinality(dropped) OPERATOR(pg_catalog.=) 0 THEN
+		RETURN headers;
+	END IF;
+	RETURN headers OPERATOR(pg_catalog.-) dropped;
+END
+$$;
+COMMENT ON FUNCTION idempotency._filter_headers(jsonb) IS
+	'internal: checks response headers and drops the denied ones';
+
+------------------------------------------------------------------------------
+-- The API
+------------------------------------------------------------------------------
+
+-- claim() in full: every check, the decision in the design's order, the
+-- waits.  claim() answers a new key and a replay itself, and calls this for
+-- everything else.
+CREATE FUNCTION idempotency._claim(
+	key text,
+	fingerprint bytea,
+	scope text,
+	lease interval,
+	retention interval,
+	wait interval,
+	token uuid)
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+	now timestamptz := clock_timestamp();
+	p_key text COLLATE "C" := key;
+	p_fp bytea := fingerprint;
+	p_scope text := COALESCE(scope, current_setting('idempotency.scope', true), '');
+	p_lease interval := lease;
+	p_retention interval := retention;
+	p_wait interval := wait;
+	p_token uuid := token;
+	r text := current_setting('role');
+	setting text;
+	caller regrole;
+	deadline timestamptz;
+	res idempotency.claim_result;
+	rec record;
+	step text;
+	new_fence bigint;
+	won timestamptz;
+	saved_lock_timeout text;
+	nap float8 := 0.005;
+	inserts_failed int := 0;
+	tries int := 0;
+BEGIN
+	-- The arguments' checks, in the C edition's order: one expression finds
+	-- them all in order, the helpers say which failed.
+	IF p_key IS NULL OR octet_length(p_key) OPERATOR(pg_catalog.>) 255 OR p_key OPERATOR(pg_catalog.=) ''
+	   OR p_key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR p_fp IS NULL OR octet_length(p_fp) OPERATOR(pg_catalog.>) 64 OR octet_length(p_fp) OPERATOR(pg_catalog.=) 0
+	   OR octet_length(p_scope) OPERATOR(pg_catalog.>) 255
+	   OR p_scope OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		PERFORM idempotency._check_key(p_key);
+		IF p_fp IS NULL THEN
+			RAISE EXCEPTION 'argument "fingerprint" must not be null'
+				USING ERRCODE = 'null_value_not_allowed';
+		END IF;
+		IF octet_length(p_fp) OPERATOR(pg_catalog.<) 1 OR octet_length(p_fp) OPERATOR(pg_catalog.>) 64 THEN
+			RAISE EXCEPTION 'invalid fingerprint'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = format('A fingerprint must be 1 to 64 bytes long; this one has %s.', octet_length(p_fp));
+		END IF;
+		p_scope := idempotency._scope(p_scope);
+	END IF;
+	IF p_lease IS NULL AND p_retention IS NULL AND p_wait IS NULL
+	   AND current_setting('idempotency.lease', true) IS NULL
+	   AND current_setting('idempotency.retention', true) IS NULL THEN
+		p_lease := '60s';
+		p_retention := '24h';
+		p_wait := '0';
+	ELSE
+		IF p_lease IS NULL THEN
+			p_lease := idempotency._setting_interval('idempotency.lease', 'ms', '60s');
+		ELSE
+			p_lease := idempotency._bounded(p_lease, 'lease', NULL);
+		END IF;
+		PERFORM idempotency._require_positive(p_lease, now, 'lease');
+		IF p_retention IS NULL THEN
+			p_retention := idempotency._setting_interval('idempotency.retention', 's', '24h');
+		ELSE
+			p_retention := idempotency._bounded(p_retention, 'retention', NULL);
+		END IF;
+		PERFORM idempotency._require_positive(p_retention, now, 'retention');
+		IF (now OPERATOR(pg_catalog.+) p_retention) OPERATOR(pg_catalog.<) (now OPERATOR(pg_catalog.+) p_lease) THEN
+			RAISE EXCEPTION 'retention must not be shorter than the lease'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'A response stored at the end of the lease must still be there to be replayed.';
+		END IF;
+		IF p_wait IS NULL THEN
+			p_wait := '0';
+		ELSE
+			p_wait := idempotency._bounded(p_wait, 'wait', NULL);
+			IF (now OPERATOR(pg_catalog.+) p_wait) OPERATOR(pg_catalog.<) now THEN
+				RAISE EXCEPTION 'argument "wait" must not be negative'
+					USING ERRCODE = 'invalid_parameter_value';
+			END IF;
+		END IF;
+	END IF;
+	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+		PERFORM idempotency._require_writable('idempotency.claim()');
+	END IF;
+	-- The caller (see _caller); a pg_monitor member is checked there.
+	caller := quote_ident(CASE WHEN r OPERATOR(pg_catalog.=) 'none' THEN session_user ELSE r END)::regrole;
+	IF pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT pg_has_role(caller, current_user, 'USAGE') THEN
+		PERFORM idempotency._caller();
+	END IF;
+	-- Under REPEATABLE READ or SERIALIZABLE the snapshot would hide the
+	-- owner's complete or release: such a claim does not wait for them.
+	IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+		p_wait := '0';
+	END IF;
+
+	deadline := now OPERATOR(pg_catalog.+) p_wait;
+
+	LOOP
+		-- The record the caller sees: its own live one, else a live one of a
+		-- role whose privileges it has, else its own expired one, else
+		-- another's.  Each statement reads with a new snapshot (READ COMMITTED).
+		SELECT k.owner, k.fence, k.state, k.fingerprint OPERATOR(pg_catalog.=) p_fp AS same_fp,
+			   k.lease_expires_at, k.expires_at, k.created_at, k.status_code,
+			   k.headers, k.body, k.token, k.attempt, k.recovery_point, k.recovery_state,
+			   k.expires_at OPERATOR(pg_catalog.<=) now
+				 AND (k.state OPERATOR(pg_catalog.=) 'completed'
+					  OR k.lease_expires_at OPERATOR(pg_catalog.<=) now) AS expired
+		INTO rec
+		FROM idempotency.keys k
+		WHERE k.key OPERATOR(pg_catalog.=) p_key
+		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
+		ORDER BY (k.expires_at OPERATOR(pg_catalog.<=) now
+				  AND (k.state OPERATOR(pg_catalog.=) 'completed'
+					   OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)),
+				 k.owner OPERATOR(pg_catalog.<>) caller
+		LIMIT 1;
+
+		res := NULL;
+		IF NOT FOUND THEN
+			step := 'insert';
+		ELSIF rec.expired THEN
+			step := CASE WHEN rec.owner OPERATOR(pg_catalog.=) caller THEN 'reset' ELSE 'insert' END;
+		ELSE
+			res.created_at := rec.created_at;
+			IF NOT rec.same_fp THEN
+				res.outcome := 'mismatch';
+			ELSIF rec.state OPERATOR(pg_catalog.=) 'completed' THEN
+				res.outcome := 'replay';
+				res.status_code := rec.status_code;
+				res.headers := rec.headers;
+				res.body := rec.body;
+			ELSIF rec.lease_expires_at OPERATOR(pg_catalog.>) now THEN
+				IF p_token IS NOT NULL AND rec.token OPERATOR(pg_catalog.=) p_token
+				   AND rec.owner OPERATOR(pg_catalog.=) caller THEN
+					-- the same attempt asks again: the same answer (claims_resumed)
+					res.outcome := 'new';
+					res.fence := rec.fence;
+					res.attempt := rec.attempt;
+					res.recovery_point := rec.recovery_point;
+					res.recovery_state := rec.recovery_state;
+					RETURN res;
+				END IF;
+				res.outcome := 'in_progress';
+				-- with wait: poll in short, growing sleeps, never past the
+				-- lease's end or the deadline (pg_sleep checks for cancel)
+				IF clock_timestamp() OPERATOR(pg_catalog.<) deadline THEN
+					PERFORM pg_sleep(LEAST(nap,
+						EXTRACT(epoch FROM LEAST(deadline, rec.lease_expires_at)
+										   OPERATOR(pg_catalog.-) clock_timestamp()) OPERATOR(pg_catalog.+) 0.001));
+					nap := LEAST(nap OPERATOR(pg_catalog.*) 2, 0.1);
+					now := clock_timestamp();
+					CONTINUE;
+				END IF;
+				res.retry_after := GREATEST(1, LEAST(2147483647, ceil(EXTRACT(epoch FROM
+					rec.lease_expires_at OPERATOR(pg_catalog.-) now))))::int;
+			ELSE
+				step := 'takeover';
+			END IF;
+			IF res.outcome IS NOT NULL THEN
+				RETURN res;
+			END IF;
+		END IF;
+
+		-- The clock after the read: a lease starts when it is won.
+		now := clock_timestamp();
+		new_fence := nextval('idempotency.fence_seq');
+		IF step OPERATOR(pg_catalog.=) 'insert' THEN
+			-- Waits, as the primary key makes it, for a transaction that is
+			-- inserting the same record; with wait, at most until the deadline.
+			IF p_wait OPERATOR(pg_catalog.>) '0' THEN
+				saved_lock_timeout := current_setting('lock_timeout');
+				BEGIN
+					IF saved_lock_timeout OPERATOR(pg_catalog.=) '0'
+					   OR saved_lock_timeout::interval OPERATOR(pg_catalog.>) (deadline OPERATOR(pg_catalog.-) now) THEN
+						PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
+							deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
+					END IF;
+					INSERT INTO idempotency.keys (fence, created_at, expires_at, attempt, owner,
+						lease, lease_expires_at, state, scope, key, fingerprint, token)
+					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
+						p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
+						p_key, p_fp, p_token)
+					ON CONFLICT DO NOTHING;
+					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+				EXCEPTION WHEN lock_not_available THEN
+					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+					res.outcome := 'in_progress';
+					res.retry_after := 1;
+					RETURN res;
+				END;
+			ELSE
+				INSERT INTO idempotency.keys (fence, created_at, expires_at, attempt, owner,
+					lease, lease_expires_at, state, scope, key, fingerprint, token)
+				VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
+					p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
+					p_key, p_fp, p_token)
+				ON CONFLICT DO NOTHING;
+			END IF;
+			IF FOUND THEN
+				res.outcome := 'new';
+				res.fence := new_fence;
+				res.attempt := 1;
+				res.created_at := now;
+				RETURN res;
+			END IF;
+			-- Under REPEATABLE READ or SERIALIZABLE a second failed insert
+			-- means a record committed that the snapshot cannot see.
+			inserts_failed := inserts_failed OPERATOR(pg_catalog.+) 1;
+			IF inserts_failed OPERATOR(pg_catalog.>) 1
+			   AND current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+				RAISE EXCEPTION 'could not serialize access due to concurrent update'
+					USING ERRCODE = 'serialization_failure';
+			END IF;
+		ELSIF step OPERATOR(pg_catalog.=) 'reset' THEN
+			-- The caller's own expired record becomes a new claim.
+			UPDATE idempotency.keys k SET fingerprint = p_fp, state = 'in_progress',
+				fence = new_fence, attempt = 1, lease = p_lease,
+				lease_expires_at = now OPERATOR(pg_catalog.+) p_lease,
+				recovery_point = NULL, recovery_state = NULL, status_code = NULL,
+				headers = NULL, body = NULL, created_at = now, completed_at = NULL,
+				expires_at = now OPERATOR(pg_catalog.+) p_retention, token = p_token
+			WHERE k.key OPERATOR(pg_catalog.=) p_key
+			  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+			  AND k.owner OPERATOR(pg_catalog.=) caller
+			  AND k.fence OPERATOR(pg_catalog.=) rec.fence
+			  AND k.expires_at OPERATOR(pg_catalog.<=) now
+			  AND (k.state OPERATOR(pg_catalog.=) 'completed'
+				   OR k.lease_expires_at OPERATOR(pg_catalog.<=) now);
+			IF FOUND THEN
+				res.outcome := 'new';
+				res.fence := new_fence;
+				res.attempt := 1;
+				res.created_at := now;
+			END IF;
+		ELSE
+			-- A takeover of an ended lease: a new fence, one more attempt,
+			-- the recovery point kept; the expiry moves with the lease's end.
+			UPDATE idempotency.keys k SET fence = new_fence,
+				attempt = k.attempt OPERATOR(pg_catalog.+) 1, lease = p_lease,
+				lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) p_lease),
+				expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
+					(now OPERATOR(pg_catalog.+) p_lease) OPERATOR(pg_catalog.-) k.lease_expires_at,
+					'0'::interval),
+				token = p_token
+			WHERE k.key OPERATOR(pg_catalog.=) p_key
+			  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+			  AND k.owner OPERATOR(pg_catalog.=) rec.owner
+			  AND k.fence OPERATOR(pg_catalog.=) rec.fence
+			  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+			  AND k.lease_expires_at OPERATOR(pg_catalog.<=) now
+			  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now)
+			RETURNING k.attempt, k.recovery_point, k.recovery_state, k.created_at
+			INTO res.attempt, res.recovery_point, res.recovery_state, res.created_at;
+			IF FOUND THEN
+				res.outcome := 'new';
+				res.fence := new_fence;
+			END IF;
+		END IF;
+
+		IF res.outcome OPERATOR(pg_catalog.=) 'new' THEN
+			-- An update kept waiting by another transaction's write of the
+			-- row restarts the lease (and a reset record's life) when it won.
+			won := clock_timestamp();
+			IF won OPERATOR(pg_catalog.-) now OPERATOR(pg_catalog.>) '1 ms'::interval THEN
+				UPDATE idempotency.keys k
+				SET lease_expires_at = won OPERATOR(pg_catalog.+) k.lease,
+					created_at = CASE WHEN step OPERATOR(pg_catalog.=) 'reset' THEN won ELSE k.created_at END,
+					expires_at = CASE WHEN step OPERATOR(pg_catalog.=) 'reset'
+						THEN won OPERATOR(pg_catalog.+) p_retention
+						ELSE k.expires_at OPERATOR(pg_catalog.+) GREATEST(
+							(won OPERATOR(pg_catalog.+) k.lease) OPERATOR(pg_catalog.-) k.lease_expires_at,
+							'0'::interval) END
+				WHERE k.key OPERATOR(pg_catalog.=) p_key
+				  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+				  AND k.fence OPERATOR(pg_catalog.=) new_fence;
+				IF step OPERATOR(pg_catalog.=) 'reset' THEN
+					res.created_at := won;
+				END IF;
+			END IF;
+			RETURN res;
+		END IF;
+		-- A concurrent transaction changed the record first: read it again;
+		-- a claim that keeps losing such races gives up.
+		tries := tries OPERATOR(pg_catalog.+) 1;
+		IF tries OPERATOR(pg_catalog.>=) 16 THEN
+			RAISE EXCEPTION 'could not claim idempotency key "%" because of concurrent updates', p_key
+				USING ERRCODE = 'serialization_failure', HINT = 'Retry the claim.';
+		END IF;
+		now := clock_timestamp();
+	END LOOP;
+END
+$$;
+CREATE FUNCTION idempotency.claim(
+	key text,
+	fingerprint bytea,
+	scope text DEFAULT NULL,
+	lease interval DEFAULT NULL,
+	retention interval DEFAULT NULL,
+	wait interval DEFAULT NULL,
+	token uuid DEFAULT NULL)
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- The hot path: a new key, or a replay of the caller's own record, with the
+-- default lease and retention (unset, or set as the C edition shows its
+-- defaults: its library may be loaded too), no wait, in READ COMMITTED.  A PL/pgSQL
+-- function prepares each of its expressions again in every transaction:
+-- this one has few, and leaves every other case to _claim.
+DECLARE
+	rec record;
+	new_fence bigint;
+	new_created_at timestamptz;
+BEGIN
+	IF claim.key IS NULL OR octet_length(claim.key) OPERATOR(pg_catalog.>) 255
+	   OR claim.key OPERATOR(pg_catalog.=) '' OR claim.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR claim.fingerprint IS NULL OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.>) 64
+	   OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.=) 0
+	   OR octet_length(COALESCE(claim.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
+	   OR COALESCE(claim.scope, current_setting('idempotency.scope', true), '')
+		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR claim.lease IS NOT NULL OR claim.retention IS NOT NULL OR claim.wait IS NOT NULL
+	   OR COALESCE(current_setting('idempotency.lease', true), '1min') OPERATOR(pg_catalog.<>) '1min'
+	   OR COALESCE(current_setting('idempotency.retention', true), '1d') OPERATOR(pg_catalog.<>) '1d'
+	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
+		   AND NOT pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								   THEN session_user ELSE current_setting('role') END)::regrole, current_user, 'USAGE')) THEN
+		RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
+								  claim.retention, claim.wait, claim.token);
+	END IF;
+	-- The caller's records of (scope, key), its own first (see _claim).
+	SELECT c.caller, c.now, c.scope, k.owner, k.state, k.expires_at, k.lease_expires_at, k.created_at,
+		   k.fingerprint OPERATOR(pg_catalog.=) claim.fingerprint AS same_fp,
+		   k.status_code, k.headers, k.body
+	INTO rec
+	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
+				 clock_timestamp() AS now,
+				 COALESCE(claim.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
+	LEFT JOIN LATERAL (
+		SELECT * FROM idempotency.keys k
+		WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
+		  AND k.scope OPERATOR(pg_catalog.=) c.scope
+		  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
+		ORDER BY k.owner OPERATOR(pg_catalog.<>) c.caller
+		LIMIT 1) k ON true;
+	IF rec.owner IS NULL THEN
+		-- No record: one INSERT, which the primary key settles (waiting, as
+		-- it does, for a transaction inserting the same record).
+		INSERT INTO idempotency.keys AS k (fence, created_at, expires_at, attempt, owner,
+			lease, lease_expires_at, state, scope, key, fingerprint, token)
+		SELECT nextval('idempotency.fence_seq'), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1,
+			rec.caller, '60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
+			rec.scope, claim.key, claim.fingerprint, claim.token
+		FROM (SELECT clock_timestamp() AS now) t
+		ON CONFLICT DO NOTHING
+		RETURNING k.fence, k.created_at INTO new_fence, new_created_at;
+		IF new_fence IS NOT NULL THEN
+			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, new_created_at)::idempotency.claim_result;
+		END IF;
+	ELSIF rec.owner OPERATOR(pg_catalog.=) rec.caller AND rec.same_fp
+		  AND rec.state OPERATOR(pg_catalog.=) 'completed' AND rec.expires_at OPERATOR(pg_catalog.>) rec.now THEN
+		RETURN ROW('replay', NULL, NULL, rec.status_code, rec.headers, rec.body, NULL, NULL, NULL,
+				   rec.created_at)::idempotency.claim_result;
+	END IF;
+	RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
+							  claim.retention, claim.wait, claim.token);
+END
+$$;
+COMMENT ON FUNCTION idempotency._claim(text, bytea, text, interval, interval, interval, uuid) IS
+	'internal: claim() in full, for all but its hot path';
+COMMENT ON FUNCTION idempotency.claim(text, bytea, text, interval, interval, interval, uuid) IS
+	'Claims an idempotency key: new (run the request), replay, in_progress or mismatch';
+
+-- complete() in full; complete() stores a 1xx-4xx response without
+-- headers itself, and calls this for everything else.
+CREATE FUNCTION idempotency._complete(
+	key text,
+	fence bigint,
+	status_code integer,
+	body bytea,
+	headers jsonb,
+	scope text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+DECLARE
+	p_key text COLLATE "C" := key;
+	p_fence bigint := fence;
+	p_scope text := COALESCE(scope, current_setting('idempotency.scope', true), '');
+	p_status int := status_code;
+	p_body bytea := body;
+	p_headers jsonb;
+	release boolean;
+	size bigint;
+	r text := current_setting('role');
+	caller regrole;
+	now timestamptz;
+BEGIN
+	-- The helpers' checks inline, as in claim.
+	IF p_key IS NULL OR octet_length(p_key) OPERATOR(pg_catalog.>) 255 OR p_key OPERATOR(pg_catalog.=) ''
+	   OR p_key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		PERFORM idempotency._check_key(p_key);
+	END IF;
+	IF p_fence IS NULL THEN
+		PERFORM idempotency._require(p_fence, 'fence');
+	END IF;
+	IF octet_length(p_scope) OPERATOR(pg_catalog.>) 255
+	   OR p_scope OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]' THEN
+		p_scope := idempotency._scope(p_scope);
+	END IF;
+	IF p_status IS NULL THEN
+		PERFORM idempotency._require(p_status, 'status_code');
+	END IF;
+	IF p_status OPERATOR(pg_catalog.<) 100 OR p_status OPERATOR(pg_catalog.>) 599 THEN
+		RAISE EXCEPTION 'status code % is out of range', p_status
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'An HTTP status code is between 100 and 599.';
+	END IF;
+	-- A 5xx that is released is not stored: its body and headers are not checked.
+	release := p_status OPERATOR(pg_catalog.>=) 500
+		AND NOT COALESCE(current_setting('idempotency.store_server_errors', true), 'off')::boolean;
+	IF NOT release THEN
+		IF headers IS NOT NULL THEN
+			p_headers := idempotency._filter_headers(headers);
+		END IF;
+		size := COALESCE(octet_length(p_body), 0) OPERATOR(pg_catalog.+)
+			COALESCE(pg_column_size(p_headers) OPERATOR(pg_catalog.-) 4, 0);
+		IF size OPERATOR(pg_catalog.>) idempotency._max_response_bytes() THEN
+			RAISE EXCEPTION 'response is too large'
+				USING ERRCODE = 'program_limit_exceeded',
+					  DETAIL = format('The body and headers have %s bytes; idempotency.max_response_bytes allows %s.',
+									  size, idempotency._max_response_bytes());
+		END IF;
+	ELSE
+		p_body := NULL;
+	END IF;
+	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+		PERFORM idempotency._require_writable('idempotency.complete()');
+	END IF;
+	caller := quote_ident(CASE WHEN r OPERATOR(pg_catalog.=) 'none' THEN session_user ELSE r END)::regrole;
+	IF pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT pg_has_role(caller, current_user, 'USAGE') THEN
+		PERFORM idempotency._caller();
+	END IF;
+	IF release THEN
+		DELETE FROM idempotency.keys k
+		WHERE k.key OPERATOR(pg_catalog.=) p_key
+		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+		  AND k.fence OPERATOR(pg_catalog.=) p_fence
+		  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'));
+	ELSE
+		now := clock_timestamp();
+		UPDATE idempotency.keys k
+		SET state = 'completed', status_code = p_status, headers = p_headers, body = p_body,
+			completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
+		WHERE k.key OPERATOR(pg_catalog.=) p_key
+		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+		  AND k.fence OPERATOR(pg_catalog.=) p_fence
+		  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
+		  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now
+				   AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
+	END IF;
+	IF NOT FOUND THEN
+		PERFORM idempotency._fence_lost(p_key);
+	END IF;
+	RETURN CASE WHEN release THEN 'released' ELSE 'stored' END;
+END
+$$;
+CREATE FUNCTION idempotency.complete(
+	key text,
+	fence bigint,
+	status_code integer,
+	body bytea DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- The hot path, as claim's: few expressions, the rest in _complete.
+BEGIN
+	IF complete.key IS NULL OR octet_length(complete.key) OPERATOR(pg_catalog.>) 255
+	   OR complete.key OPERATOR(pg_catalog.=) '' OR complete.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR complete.fence IS NULL OR complete.status_code IS NULL
+	   OR complete.status_code OPERATOR(pg_catalog.<) 100 OR complete.status_code OPERATOR(pg_catalog.>) 499
+	   OR complete.headers IS NOT NULL
+	   OR octet_length(COALESCE(complete.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
+	   OR COALESCE(complete.scope, current_setting('idempotency.scope', true), '')
+		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR octet_length(complete.body) OPERATOR(pg_catalog.>) 1048576
+	   OR COALESCE(current_setting('idempotency.max_response_bytes', true), '1MB') OPERATOR(pg_catalog.<>) '1MB'
+	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
+		   AND NOT pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								   THEN session_user ELSE current_setting('role') END)::regrole, current_user, 'USAGE')) THEN
+		RETURN idempotency._complete(complete.key, complete.fence, complete.status_code,
+									 complete.body, complete.headers, complete.scope);
+	END IF;
+	UPDATE idempotency.keys k
+	SET state = 'completed', status_code = complete.status_code, headers = NULL, body = complete.body,
+		completed_at = c.now, lease_expires_at = NULL, lease = NULL, token = NULL
+	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
+								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
+				 clock_timestamp() AS now,
+				 COALESCE(complete.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
+	WHERE k.key OPERATOR(pg_catalog.=) (complete.key COLLATE "C")
+	  AND k.scope OPERATOR(pg_catalog.=) c.scope
+	  AND k.fence OPERATOR(pg_catalog.=) complete.fence
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+	  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) c.now AND k.lease_expires_at OPERATOR(pg_catalog.<=) c.now);
+	IF NOT FOUND THEN
+		PERFORM idempotency._fence_lost(complete.key);
+	END IF;
+	RETURN 'stored';
+END
+$$;
+COMMENT ON FUNCTION idempotency._complete(text, bigint, integer, bytea, jsonb, text) IS
+	'internal: complete() in full, for all but its hot path';
+COMMENT ON FUNCTION idempotency.complete(text, bigint, integer, bytea, jsonb, text) IS
+	'Stores the response of a claim (stored), or releases it for a 5xx (released)';
+
+CREATE FUNCTION idempotency.release(
+	key text,
+	fence bigint,
+	scope text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	p_key text COLLATE "C" := idempotency._check_key(key);
+	p_fence bigint := fence;
+	p_scope text;
+	caller regrole;
+BEGIN
+	PERFORM idempotency._require(p_fence, 'fence');
+	p_scope := idempotency._scope(scope);
+	PERFORM idempotency._require_writable('idempotency.release()');
+	caller := idempotency._caller();
+	DELETE FROM idempotency.keys k
+	WHERE k.key OPERATOR(pg_catalog.=) p_key
+	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+	  AND k.fence OPERATOR(pg_catalog.=) p_fence
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'));
+	RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION idempotency.release(text, bigint, text) IS
+	'Deletes a claim so that the next retry runs again; false when the fence no longer owns it';
+
+CREATE FUNCTION idempotency.extend(
+	key text,
+	fence bigint,
+	lease interval DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	now timestamptz := clock_timestamp();
+	p_key text COLLATE "C" := idempotency._check_key(key);
+	p_fence bigint := fence;
+	p_lease interval := lease;
+	p_scope text;
+	caller regrole;
+	ends timestamptz;
+BEGIN
+	PERFORM idempotency._require(p_fence, 'fence');
+	IF p_lease IS NOT NULL THEN
+		p_lease := idempotency._require_positive(idempotency._bounded(p_lease, 'lease', NULL),
+												 now, 'lease');
+	END IF;
+	p_scope := idempotency._scope(scope);
+	PERFORM idempotency._require_writable('idempotency.extend()');
+	caller := idempotency._caller();
+	-- The lease's end never moves earlier; the expiry moves as much as it.
+	UPDATE idempotency.keys k
+	SET lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) COALESCE(p_lease, k.lease)),
+		expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
+			(now OPERATOR(pg_catalog.+) COALESCE(p_lease, k.lease)) OPERATOR(pg_catalog.-) k.lease_expires_at,
+			'0'::interval)
+	WHERE k.key OPERATOR(pg_catalog.=) p_key
+	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+	  AND k.fence OPERATOR(pg_catalog.=) p_fence
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+	RETURNING k.lease_expires_at INTO ends;
+	IF NOT FOUND THEN
+		PERFORM idempotency._fence_lost(p_key);
+	END IF;
+	RETURN ends;
+END
+$$;
+COMMENT ON FUNCTION idempotency.extend(text, bigint, interval, text) IS
+	'Renews the lease of a claim; returns when it now ends';
+
+CREATE FUNCTION idempotency.checkpoint(
+	key text,
+	fence bigint,
+	recovery_point text,
+	recovery_state jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	p_key text COLLATE "C" := idempotency._check_key(key);
+	p_fence bigint := fence;
+	p_point text := recovery_point;
+	p_state jsonb := recovery_state;
+	p_scope text;
+	caller regrole;
+	size bigint;
+	now timestamptz;
+BEGIN
+	PERFORM idempotency._require(p_fence, 'fence');
+	p_scope := idempotency._scope(scope);
+	PERFORM idempotency._require(p_point, 'recovery_point');
+	size := octet_length(p_point) OPERATOR(pg_catalog.+)
+		COALESCE(pg_column_size(p_state) OPERATOR(pg_catalog.-) 4, 0);
+	IF size OPERATOR(pg_catalog.>) idempotency._max_response_bytes() THEN
+		RAISE EXCEPTION 'recovery point is too large'
+			USING ERRCODE = 'program_limit_exceeded',
+				  DETAIL = format('The recovery point and state have %s bytes; idempotency.max_response_bytes allows %s.',
+								  size, idempotency._max_response_bytes());
+	END IF;
+	PERFORM idempotency._require_writable('idempotency.checkpoint()');
+	caller := idempotency._caller();
+	now := clock_timestamp();
+	UPDATE idempotency.keys k
+	SET recovery_point = p_point, recovery_state = p_state,
+		lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) k.lease),
+		expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
+			(now OPERATOR(pg_catalog.+) k.lease) OPERATOR(pg_catalog.-) k.lease_expires_at, '0'::interval)
+	WHERE k.key OPERATOR(pg_catalog.=) p_key
+	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+	  AND k.fence OPERATOR(pg_catalog.=) p_fence
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
+	IF NOT FOUND THEN
+		PERFORM idempotency._fence_lost(p_key);
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION idempotency.checkpoint(text, bigint, text, jsonb, text) IS
+	'Saves the progress of multi-step work, handed to the next attempt after a takeover, and renews the lease';
+
+-- The record lookup shows: its columns named apart from the arguments
+-- (PL/pgSQL would not tell them apart).
+CREATE FUNCTION idempotency._lookup(p_key text, p_scope text)
+RETURNS TABLE (r_scope text, r_key text, r_fingerprint bytea, r_state text,
+	r_attempt integer, r_lease interval, r_lease_expires_at timestamptz,
+	r_recovery_point text, r_recovery_state jsonb, r_status_code integer,
+	r_headers jsonb, r_body bytea, r_created_at timestamptz,
+	r_completed_at timestamptz, r_expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE ROWS 1
+AS $$
+DECLARE
+	now timestamptz := clock_timestamp();
+	k_key text COLLATE "C" := idempotency._check_key(p_key);
+	k_scope text := idempotency._scope(p_scope);
+	caller regrole := idempotency._caller();
+BEGIN
+	RETURN QUERY
+	SELECT k.scope::text, k.key::text, k.fingerprint, k.state::text, k.attempt, k.lease,
+		   k.lease_expires_at, k.recovery_point, k.recovery_state, k.status_code, k.headers,
+		   k.body, k.created_at, k.completed_at, k.expires_at
+	FROM idempotency.keys k
+	WHERE k.key OPERATOR(pg_catalog.=) k_key
+	  AND k.scope OPERATOR(pg_catalog.=) (k_scope COLLATE "C")
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now
+			   AND (k.state OPERATOR(pg_catalog.=) 'completed'
+					OR k.lease_expires_at OPERATOR(pg_catalog.<=) now))
+	ORDER BY k.owner OPERATOR(pg_catalog.<>) caller, k.owner::oid
+	LIMIT 1;
+END
+$$;
+COMMENT ON FUNCTION idempotency._lookup(text, text) IS
+	'internal: the record of lookup()';
+
+-- VOLATILE: it reads the clock, so two calls in one statement may differ.
+CREATE FUNCTION idempotency.lookup(
+	key text,
+	scope text DEFAULT NULL,
+	OUT scope text,
+	OUT key text,
+	OUT fingerprint bytea,
+	OUT state text,
+	OUT attempt integer,
+	OUT lease interval,
+	OUT lease_expires_at timestamptz,
+	OUT recovery_point text,
+	OUT recovery_state jsonb,
+	OUT status_code integer,
+	OUT headers jsonb,
+	OUT body bytea,
+	OUT created_at timestamptz,
+	OUT completed_at timestamptz,
+	OUT expires_at timestamptz)
+RETURNS SETOF record
+LANGUAGE sql VOLATILE PARALLEL SAFE SECURITY DEFINER ROWS 1
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT * FROM idempotency._lookup($1, $2) $$;
+COMMENT ON FUNCTION idempotency.lookup(text, text) IS
+	'Shows the record of a key as claim sees it, without its fence; read-only, works on a standby';
+
+-- Feeds one part of a request to the fingerprint: a presence byte, an
+-- 8-byte big-endian length, the bytes (so that parts cannot run together).
+CREATE FUNCTION idempotency._part(data bytea)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN data IS NULL THEN '\x000000000000000000'::bytea
+	ELSE '\x01'::bytea OPERATOR(pg_catalog.||)
+		 pg_catalog.int8send(pg_catalog.octet_length(data)::bigint) OPERATOR(pg_catalog.||) data END;
+COMMENT ON FUNCTION idempotency._part(bytea) IS
+	'internal: one length-prefixed part of a fingerprint';
+
+-- Raises 22004 for a NULL method or path, else returns the fingerprint of
+-- the parts (body already as bytes).
+CREATE FUNCTION idempotency._fingerprint(method text, path text, body bytea, query text)
+RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF method IS NULL OR path IS NULL THEN
+		RAISE EXCEPTION 'argument "%" must not be null', CASE WHEN method IS NULL THEN 'method' ELSE 'path' END
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- ASCII upper-casing only, as the C edition's asc_toupper
+	RETURN sha256(idempotency._part(convert_to(translate(method,
+			'abcdefghijklmnopqrstuvwxyz', 'ABCDEFGHIJKLMNOPQRSTUVWXYZ'), getdatabaseencoding()))
+		OPERATOR(pg_catalog.||) idempotency._part(convert_to(path, getdatabaseencoding()))
+		OPERATOR(pg_catalog.||) idempotency._part(body)
+		OPERATOR(pg_catalog.||) idempotency._part(convert_to(query, getdatabaseencoding())));
+END
+$$;
+COMMENT ON FUNCTION idempotency._fingerprint(text, text, bytea, text) IS
+	'internal: SHA-256 of the length-prefixed parts of a request';
+
+CREATE FUNCTION idempotency.fingerprint(
+	method text,
+	path text,
+	body bytea DEFAULT NULL,
+	query text DEFAULT NULL)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN idempotency._fingerprint(method, path, body, query);
+COMMENT ON FUNCTION idempotency.fingerprint(text, text, bytea, text) IS
+	'SHA-256 of a request: method, path, body and query';
+
+-- The body's canonical text is jsonb's output (keys sorted, duplicates
+-- merged, whitespace fixed), in the database's encoding as the C edition's.
+CREATE FUNCTION idempotency.fingerprint_json(
+	method text,
+	path text,
+	body jsonb,
+	query text DEFAULT NULL)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN idempotency._fingerprint(method, path,
+	pg_catalog.convert_to(body::text, pg_catalog.getdatabaseencoding()), query);
+COMMENT ON FUNCTION idempotency.fingerprint_json(text, text, jsonb, text) IS
+	'SHA-256 of a request with a JSON body, whatever its key order and whitespace';
+
+CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int := COALESCE(batch, (CASE WHEN current_setting('idempotency.reaper_batch', true) OPERATOR(pg_catalog.<>) ''
+		THEN current_setting('idempotency.reaper_batch', true) END)::int, 10000);
+	now timestamptz := clock_timestamp();
+	reaped bigint;
+BEGIN
+	IF n OPERATOR(pg_catalog.<=) 0 THEN
+		RAISE EXCEPTION 'argument "%" must be positive', 'batch'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM idempotency._require_writable('idempotency.reap()');
+	PERFORM idempotency._caller();
+	-- Oldest first through the reaper's index, skipping locked records.
+	DELETE FROM idempotency.keys WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+		SELECT k.ctid FROM idempotency.keys k
+		WHERE idempotency._expiry_second(k.expires_at) OPERATOR(pg_catalog.<=) idempotency._expiry_second(now)
+		  AND k.expires_at OPERATOR(pg_catalog.<=) now
+		  AND (k.state OPERATOR(pg_catalog.=) 'completed' OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+		ORDER BY idempotency._expiry_second(k.expires_at), k.expires_at
+		LIMIT n FOR UPDATE SKIP LOCKED));
+	GET DIAGNOSTICS reaped = ROW_COUNT;
+	RETURN reaped;
+END
+$$;
+COMMENT ON FUNCTION idempotency.reap(integer) IS
+	'Deletes up to batch expired records, oldest first; returns how many';
+
+CREATE FUNCTION idempotency.shard_hash(scope text)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF scope IS NULL THEN
+		RAISE EXCEPTION 'argument "scope" must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	RETURN ('x' OPERATOR(pg_catalog.||) encode(substr(sha256(convert_to(scope, 'UTF8')), 1, 4), 'hex'))::bit(32)::int;
+END
+$$;
+COMMENT ON FUNCTION idempotency.shard_hash(text) IS
+'the first 4 bytes of SHA-256 of the scope''s UTF-8 bytes, as a signed big-endian integer: PL/Proxy''s RUN ON hash';
+
+CREATE FUNCTION idempotency.shard_of(scope text, shards integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	hash int := idempotency.shard_hash(scope);
+BEGIN
+	IF shards IS NULL THEN
+		RAISE EXCEPTION 'argument "shards" must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF shards OPERATOR(pg_catalog.<) 1 OR shards OPERATOR(pg_catalog.>) 65536
+	   OR (shards OPERATOR(pg_catalog.&) (shards OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog.<>) 0 THEN
+		RAISE EXCEPTION 'invalid number of shards: %', shards
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'The number of shards must be a power of two from 1 to 65536.';
+	END IF;
+	RETURN hash OPERATOR(pg_catalog.&) (shards OPERATOR(pg_catalog.-) 1);
+END
+$$;
+COMMENT ON FUNCTION idempotency.shard_of(text, integer) IS
+'the shard, 0 to shards - 1, that holds the scope in a cluster of shards (a power of two): shard_hash(scope) & (shards - 1)';
+
+-- No shared memory here: the counters are NULL, as the C edition's are
+-- without preloading.
+CREATE FUNCTION idempotency._stats_counters(
+	OUT claims_new bigint,
+	OUT claims_resumed bigint,
+	OUT claims_replay bigint,
+	OUT claims_in_progress bigint,
+	OUT claims_mismatch bigint,
+	OUT takeovers bigint,
+	OUT waits bigint,
+	OUT completes_stored bigint,
+	OUT completes_released bigint,
+	OUT releases bigint,
+	OUT fence_rejections bigint,
+	OUT reaped bigint,
+	OUT reaper_runs bigint,
+	OUT last_reap_at timestamptz,
+	OUT stats_reset_at timestamptz,
+	OUT last_reap_error text)
+RETURNS record
+LANGUAGE sql VOLATILE PARALLEL SAFE
+RETURN ROW(NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+	NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+	NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::text);
+COMMENT ON FUNCTION idempotency._stats_counters() IS
+	'The counters behind idempotency.stats: none in the portable edition (NULL)';
+
+CREATE FUNCTION idempotency.stats_reset()
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	RAISE EXCEPTION 'idempotency statistics are not available'
+		USING ERRCODE = 'object_not_in_prerequisite_state',
+			  HINT = 'The portable edition keeps no counters; the live figures of idempotency.stats still answer.';
+END
+$$;
+COMMENT ON FUNCTION idempotency.stats_reset() IS
+	'Zeroes the counters of idempotency.stats (none in the portable edition)';
+
+CREATE VIEW idempotency.stats AS
+SELECT c.*, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at
+FROM idempotency._stats_counters() c,
+	LATERAL (SELECT pg_catalog.count(*) AS rows_total,
+					pg_catalog.count(*) FILTER (WHERE k.state
+						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
+						AS rows_in_progress,
+					pg_catalog.min(k.lease_expires_at) FILTER (WHERE k.state
+						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
+						AS oldest_lease_expires_at
+			 FROM idempotency.keys k) l;
+COMMENT ON VIEW idempotency.stats IS
+	'Counters of the API since start or stats_reset() (NULL here), and live figures of the records';
+
+GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
+REVOKE ALL ON idempotency.stats FROM PUBLIC;
+GRANT SELECT ON idempotency.stats TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency._stats_counters() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;
+-- The internal helpers run inside the API's functions, as the owner.
+REVOKE ALL ON FUNCTION idempotency._require(anyelement, text), idempotency._has_control_chars(text),
+	idempotency._check_key(text), idempotency._scope(text),
+	idempotency._setting_interval(text, text, interval), idempotency._bounded(interval, text, interval),
+	idempotency._require_positive(interval, timestamptz, text), idempotency._require_writable(text),
+	idempotency._caller(), idempotency._fence_lost(text), idempotency._max_response_bytes(),
+	idempotency._filter_headers(jsonb), idempotency._lookup(text, text),
+	idempotency._claim(text, bytea, text, interval, interval, interval, uuid),
+	idempotency._complete(text, bigint, integer, bytea, jsonb, text)
+	FROM PUBLIC;
+
+COMMIT; -- plain only
