@@ -67,6 +67,7 @@ CREATE TABLE idempotency.keys (
 	owner            regrole NOT NULL,
 	lease            interval,
 	lease_expires_at timestamptz,
+	token            uuid,
 	completed_at     timestamptz,
 	status_code      integer,
 	state            idempotency.state NOT NULL,
@@ -77,7 +78,6 @@ CREATE TABLE idempotency.keys (
 	scope            text NOT NULL COLLATE pg_catalog."C",
 	key              text NOT NULL COLLATE pg_catalog."C",
 	fingerprint      bytea NOT NULL,
-	token            uuid,
 	PRIMARY KEY (key, scope, owner)
 );
 COMMENT ON TABLE idempotency.keys IS
@@ -1299,8 +1299,13 @@ $$;
 COMMENT ON FUNCTION idempotency.stats_reset() IS
 	'Zeroes the counters of idempotency.stats (none in the portable edition)';
 
+-- The C edition's columns in its order (claims_resumed, of 1.2, last).
 CREATE VIEW idempotency.stats AS
-SELECT c.*, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at
+SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
+	c.takeovers, c.waits, c.completes_stored, c.completes_released, c.releases,
+	c.fence_rejections, c.reaped, c.reaper_runs, c.last_reap_at, c.stats_reset_at,
+	c.last_reap_error, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at,
+	c.claims_resumed
 FROM idempotency._stats_counters() c,
 	LATERAL (SELECT pg_catalog.count(*) AS rows_total,
 					pg_catalog.count(*) FILTER (WHERE k.state
