@@ -10,10 +10,13 @@
 -- The records get the column token, kept while a record is in progress.
 -- It belongs among the columns complete() changes (idempotency--1.2.sql
 -- says why), and ADD COLUMN can only put it last: so the table is made
--- again, in the order of a fresh install, and the records copied into it
--- (under an ACCESS EXCLUSIVE lock, for as long as the copy takes).  What a
--- DBA added to the table would not come along: the update refuses it, and
--- says what to drop first.
+-- again, in the order of a fresh install, and the records copied into it,
+-- under an ACCESS EXCLUSIVE lock taken first (calls wait for the update).
+-- What a DBA added to the table would not come along: the update refuses
+-- it, and says what to drop first.
+
+-- No claim may write a record into the old table once the copy has begun.
+LOCK TABLE idempotency.keys IN ACCESS EXCLUSIVE MODE;
 
 DO $$
 DECLARE

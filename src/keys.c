@@ -535,7 +535,7 @@ static char *
 plan_sql(const char *sql, const IdemKeysRel *rel)
 {
 	static const char table[] = "idempotency.keys";
-	bool		has_token = rel->att[IDEM_COL_TOKEN] != InvalidAttrNumber;
+	bool		has_token = IDEM_HAS_TOKEN(rel);
 	StringInfoData buf;
 
 	initStringInfo(&buf);
@@ -579,7 +579,7 @@ plan_for(PlanId id, const IdemKeysRel *rel)
 		last_plan_set = set;
 	}
 	/* ALTER EXTENSION UPDATE made the table again, with the token column. */
-	if (set->has_token != (rel->att[IDEM_COL_TOKEN] != InvalidAttrNumber))
+	if (set->has_token != IDEM_HAS_TOKEN(rel))
 	{
 		for (int i = 0; i < NUM_PLANS; i++)
 			if (set->plans[i])

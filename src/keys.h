@@ -43,6 +43,9 @@ typedef enum IdemKeysColumn
 	IDEM_NUM_COLS
 } IdemKeysColumn;
 
+/* Whether an IdemKeysRel has claim's token column (1.2). */
+#define IDEM_HAS_TOKEN(rel) ((rel)->att[IDEM_COL_TOKEN] != InvalidAttrNumber)
+
 /* Room for a qualified, quoted relation name. */
 #define IDEM_REL_NAME_SIZE (2 * NAMEDATALEN + 8)
 

@@ -490,7 +490,7 @@ read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, Idem
 	rec->recovery_state = NULL;
 	rec->headers = NULL;
 	rec->body = NULL;
-	if (!rec->completed && call->rel.att[IDEM_COL_TOKEN] != InvalidAttrNumber)
+	if (!rec->completed && IDEM_HAS_TOKEN(&call->rel))
 	{
 		Datum		token = slot_getattr(slot, call->rel.att[IDEM_COL_TOKEN], &isnull);
 
@@ -714,7 +714,7 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 	SET_COL(IDEM_COL_SCOPE, PointerGetDatum(scope));
 	SET_COL(IDEM_COL_KEY, PointerGetDatum(key));
 	SET_COL(IDEM_COL_FINGERPRINT, PointerGetDatum(fingerprint));
-	if (token && att[IDEM_COL_TOKEN] != InvalidAttrNumber)
+	if (token && IDEM_HAS_TOKEN(&call->rel))
 		SET_COL(IDEM_COL_TOKEN, UUIDPGetDatum(token));
 #undef SET_COL
 
@@ -800,7 +800,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 	SET_COL(IDEM_COL_COMPLETED_AT, TimestampTzGetDatum(now), false);
 	SET_COL(IDEM_COL_LEASE_EXPIRES_AT, (Datum) 0, true);
 	SET_COL(IDEM_COL_LEASE, (Datum) 0, true);
-	if (att[IDEM_COL_TOKEN] != InvalidAttrNumber)
+	if (IDEM_HAS_TOKEN(&call->rel))
 		SET_COL(IDEM_COL_TOKEN, (Datum) 0, true);
 #undef SET_COL
 
