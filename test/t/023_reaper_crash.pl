@@ -37,10 +37,11 @@ $node->safe_psql('postgres', q{
 	FROM generate_series(1, 200) g;
 	SELECT count(idempotency.claim('abandoned' || g, '\x03', lease => '1 ms'))
 	FROM generate_series(1, 200) g;
-	SELECT count(idempotency.extend('leased' || g, c.fence, '1 h'))
-	FROM generate_series(1, 200) g,
-		 LATERAL idempotency.claim('leased' || g, '\x04', lease => '1 ms',
-								   retention => '1 ms') c;
+	SELECT count(idempotency.claim('leased' || g, '\x04', lease => '1 h', retention => '1 h'))
+	FROM generate_series(1, 200) g;
+	-- The ended retention is set, not waited for (a claim and an extend
+	-- need not fit in 1 ms on a loaded machine).
+	UPDATE idempotency.keys SET expires_at = now() - interval '1 s' WHERE key LIKE 'leased%';
 });
 
 # The expired records, interleaved by expires_at with nothing live.
