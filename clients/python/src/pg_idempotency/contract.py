@@ -15,6 +15,7 @@ import string
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from urllib.parse import quote
 
 import psycopg
 
@@ -31,7 +32,7 @@ MAX_KEY_BYTES = 255
 BARE_KEY_CHARS = frozenset("!#$%&'*+-.^_`|~:/" + string.ascii_letters + string.digits)
 # What a path may hold unescaped (RFC 3986 pchar and "/"), to rebuild a raw path.
 PATH_CHARS = "/:@!$&'()*+,;=-._~"
-TITLES = {400: "Bad Request", 409: "Conflict", 422: "Unprocessable Content",
+TITLES = {400: "Bad Request", 409: "Conflict", 413: "Content Too Large", 422: "Unprocessable Content",
           503: "Service Unavailable"}
 PROBLEMS = {
     "idempotency_key_missing": (400, "This request needs an Idempotency-Key header."),
@@ -39,6 +40,7 @@ PROBLEMS = {
     "idempotency_key_in_progress": (409, "A request with this Idempotency-Key is still running; retry later."),
     "idempotency_key_mismatch": (422, "This Idempotency-Key was used with a different request."),
     "idempotency_claim_lost": (409, "This request outlived its lease and a retry took it over; retry it."),
+    "request_body_too_large": (413, "The request body is larger than this server reads."),
     "idempotency_unavailable": (503, "The idempotency store cannot be reached; retry later."),
 }
 
@@ -152,6 +154,20 @@ def request_fingerprint(method: str, path: bytes, query: Optional[bytes],
                         body: Optional[bytes]) -> bytes:
     """Returns the fingerprint of a request: an empty body or query counts as none."""
     return fingerprint(method, path, body or None, query or None)
+
+
+def wsgi_fingerprint(environ: dict, method: str, body: Optional[bytes]) -> bytes:
+    """Returns the fingerprint of a WSGI request as sent: the raw target
+    when the server gives it (gunicorn's RAW_URI, REQUEST_URI), else the
+    path re-escaped, and the raw body."""
+    target = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if target:
+        path, query = split_target(target.encode("latin-1"))
+    else:
+        path = quote((environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1"),
+                     safe=PATH_CHARS).encode()
+        query = environ.get("QUERY_STRING", "").encode("latin-1")
+    return request_fingerprint(method, path, query, body)
 
 
 def split_target(target: bytes) -> Tuple[bytes, Optional[bytes]]:

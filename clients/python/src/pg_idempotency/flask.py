@@ -10,7 +10,6 @@ stored response commit together.
 from __future__ import annotations
 
 from typing import Optional
-from urllib.parse import quote
 
 import psycopg
 from flask import Response, g, request
@@ -163,15 +162,7 @@ def _headers() -> contract.Headers:
 
 def _fingerprint() -> bytes:
     """Returns the fingerprint of the request as sent: raw target and body."""
-    environ = request.environ
-    target = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-    if target:
-        path, query = contract.split_target(target.encode("latin-1"))
-    else:
-        path = quote((environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1"),
-                     safe=contract.PATH_CHARS).encode()
-        query = environ.get("QUERY_STRING", "").encode("latin-1")
-    return contract.request_fingerprint(request.method, path, query, request.get_data(cache=True))
+    return contract.wsgi_fingerprint(request.environ, request.method, request.get_data(cache=True))
 
 
 def _response(answer: contract.Answer) -> Response:
