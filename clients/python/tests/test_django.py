@@ -11,7 +11,7 @@ import django
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.test import Client as DjangoClient
 from django.test.utils import override_settings
@@ -42,12 +42,17 @@ if not settings.configured:
     configure()
 
 
+def db():
+    """Django's connection the middleware uses (IDEMPOTENCY["using"]): the views write through it."""
+    return connections[getattr(settings, "IDEMPOTENCY", {}).get("using", "default")]
+
+
 def charge(request):
     """POST /payments {"amount", "delay_ms", "fail", "raise", "stolen"}: charges
     through Django's connection; 201 {"charge": id}."""
     data = json.loads(request.body or b"{}")
     time.sleep(data.get("delay_ms", 0) / 1000)
-    with connection.cursor() as cursor:
+    with db().cursor() as cursor:
         cursor.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id", [data.get("amount", 1)])
         charge_id = cursor.fetchone()[0]
     if data.get("stolen"):
@@ -75,7 +80,7 @@ def binary(request):
 
 def in_transaction(request):
     """GET or PUT /db: whether the view runs inside a transaction."""
-    return JsonResponse({"atomic": connection.in_atomic_block})
+    return JsonResponse({"atomic": db().in_atomic_block})
 
 
 urlpatterns = [path("payments", charge), path("headers", binary), path("db", in_transaction)]

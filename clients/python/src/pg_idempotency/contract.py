@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
+from uuid import UUID
 
 import psycopg
 
@@ -53,10 +54,20 @@ class Answer(NamedTuple):
 
 
 class Pending(NamedTuple):
-    """A covered request whose handler runs: its claim (fence None: unguarded)."""
+    """A covered request whose handler runs: its claim (fence None:
+    unguarded), and what claims it again: the token and the fingerprint."""
     key: Optional[str] = None
     scope: str = ""
     fence: Optional[int] = None
+    token: Optional[UUID] = None
+    fingerprint: Optional[bytes] = None
+
+
+# The pauses before each claim of a request asked again because the
+# answer was lost: 3 more claims, each on a fresh connection, then 503.
+CLAIM_BACKOFF = (0.05, 0.1, 0.2)
+# How many times a handler whose COMMIT was lost and rolled back runs again.
+RERUNS = 3
 
 
 class InvalidKey(ValueError):
@@ -195,6 +206,23 @@ def unavailable(err: BaseException) -> Answer:
     """Fails closed: without the store a retry could run twice (logged)."""
     log.error("idempotency: the store failed: %s", err)
     return problem("idempotency_unavailable", retry_after=1)
+
+
+def answer_lost(err: BaseException) -> bool:
+    """True when err says the database's answer never arrived (the
+    connection broke, or none could be had), not that it refused."""
+    if not isinstance(err, psycopg.OperationalError):
+        return False
+    return err.sqlstate is None or err.sqlstate.startswith(("08", "57P"))
+
+
+def outcome_unknown(err: BaseException) -> Answer:
+    """The 503 after a COMMIT whose answer was lost, when asking again failed
+    too: the request may have run, and its retry replays it if it did."""
+    log.error("idempotency: a COMMIT's answer was lost and the claim could not be asked again: %s", err)
+    return problem("idempotency_unavailable",
+                   "The idempotency store was lost before this request's outcome was known; "
+                   "retry it: it is replayed if it completed.", retry_after=1)
 
 
 def claim_lost() -> Answer:

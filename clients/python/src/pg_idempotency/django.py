@@ -14,6 +14,8 @@ the stored response commit together. A 5xx or a view that raised rolls back.
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from typing import Optional
 
 from django.conf import settings
@@ -57,18 +59,21 @@ class IdempotencyMiddleware:
         pending = contract.Pending()
         if key is not None:
             scope = self.options.scope(request) if self.options.scope else contract.credential_scope(headers)
+            pending = contract.Pending(key, scope, None, uuid.uuid4(),
+                                       contract.wsgi_fingerprint(request.META, request.method, body))
             try:
-                claim = self._claim(key, contract.wsgi_fingerprint(request.META, request.method, body), scope)
+                claim = self._claim(pending)
             except DatabaseError as err:
                 refusal = contract.refused_key(err.__cause__) if _sqlstate(err) else None
                 if refusal or not self.options.fail_open:
                     return _response(refusal or contract.unavailable(err))
                 contract.log.error("idempotency: running unguarded: %s", err)
+                pending = contract.Pending()
             else:
                 answer = contract.answer_claim(claim)
                 if answer:
                     return _response(answer)
-                pending = contract.Pending(key, scope, claim.fence)
+                pending = pending._replace(fence=claim.fence)
         return self._run(request, pending)
 
     def process_exception(self, request, exception):
@@ -76,28 +81,48 @@ class IdempotencyMiddleware:
         request._idempotency_raised = True
 
     def _run(self, request, pending: contract.Pending):
-        """Runs the view in a transaction that commits with its stored response."""
-        try:
-            with transaction.atomic(using=self.using):
-                response = self.get_response(request)
-                body = _content(response)
-                failed = _failed(request, response)
+        """Runs the view in a transaction that commits with its stored
+        response; when the COMMIT's answer is lost, claims again with the
+        token: replay means it committed (the view's response goes out), new
+        that it rolled back (the view runs again)."""
+        for _ in range(1 + contract.RERUNS):
+            try:
+                with transaction.atomic(using=self.using):
+                    response = self.get_response(request)
+                    body = _content(response)
+                    failed = _failed(request, response)
+                    if failed:
+                        transaction.set_rollback(True, using=self.using)
+                    elif pending.fence is not None:
+                        self._call(COMPLETE, pending.key, pending.fence, response.status_code, body,
+                                   _json(contract.headers_to_store(response.items(), self.options)),
+                                   pending.scope)
+            except DatabaseError as err:
+                if _sqlstate(err) == IK001:
+                    return _response(contract.claim_lost())
+                if pending.fence is None or not contract.answer_lost(err.__cause__):
+                    self._abandon(pending)
+                    return _response(contract.unavailable(err))
+                lost = err
+            else:
                 if failed:
-                    transaction.set_rollback(True, using=self.using)
-                elif pending.fence is not None:
-                    self._call(COMPLETE, pending.key, pending.fence, response.status_code, body,
-                               _json(contract.headers_to_store(response.items(), self.options)),
-                               pending.scope)
-        except DatabaseError as err:
-            if _sqlstate(err) == IK001:
+                    raised = getattr(request, "_idempotency_raised", False)
+                    self._abandon(pending, None if raised else
+                                  contract.Answer(response.status_code, list(response.items()), body))
+                return response
+            try:
+                claim = self._claim(pending)
+            except DatabaseError as err:
+                return _response(contract.outcome_unknown(err))
+            if claim.outcome == "replay":
+                return response     # it committed: this is the response stored
+            if claim.outcome != "new":   # another request took the key over
                 return _response(contract.claim_lost())
-            self._abandon(pending)
-            return _response(contract.unavailable(err))
-        if failed:
-            raised = getattr(request, "_idempotency_raised", False)
-            self._abandon(pending, None if raised else
-                          contract.Answer(response.status_code, list(response.items()), body))
-        return response
+            pending = pending._replace(fence=claim.fence)
+            request._idempotency_raised = False
+            contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
+        self._abandon(pending)
+        return _response(contract.outcome_unknown(lost))
 
     def _abandon(self, pending: contract.Pending, failed: Optional[contract.Answer] = None) -> None:
         """Ends the claim after its writes rolled back: a 5xx response
@@ -121,11 +146,27 @@ class IdempotencyMiddleware:
         except DatabaseError as err:
             contract.log.error("idempotency: could not release %r: %s", pending.key, err)
 
-    def _claim(self, key: str, fingerprint: bytes, scope: str) -> Claim:
-        """Claims the key in autocommit: the claim commits at once."""
+    def _claim(self, pending: contract.Pending) -> Claim:
+        """Claims with the request's token in autocommit (it commits at once);
+        when the answer is lost, asks again on a fresh connection
+        (contract.CLAIM_BACKOFF)."""
+        for pause in (*contract.CLAIM_BACKOFF, None):
+            try:
+                return self._claim_once(pending)
+            except DatabaseError as err:
+                if pause is None or not contract.answer_lost(err.__cause__):
+                    raise
+                contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s",
+                                     pending.key, err)
+            connections[self.using].close()
+            time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _claim_once(self, pending: contract.Pending) -> Claim:
+        """One claim on Django's connection."""
         with connections[self.using].cursor() as cursor:
-            cursor.execute(CLAIM, (key, fingerprint, scope, self.options.lease,
-                                   self.options.retention, None))
+            cursor.execute(CLAIM, (pending.key, pending.fingerprint, pending.scope, self.options.lease,
+                                   self.options.retention, None, pending.token))
             row = dict(zip((column.name for column in cursor.description), cursor.fetchone()))
         if isinstance(row["headers"], str):   # Django loads jsonb as text
             row["headers"] = json.loads(row["headers"])
