@@ -162,3 +162,37 @@ def test_dropped_connections_and_a_refused_one_are_survived(app, proxy, admin):
     proxy.command("POST", "/refuse?count=1")
     answer = pay(app, "dropped-1")
     assert_exactly_once(app, admin, answer, "dropped-1")
+
+
+@pytest.fixture
+def commit_lost_once(monkeypatch, kind):
+    """The first COMMIT of a request never reaches the server: the
+    middleware's connection is closed just before (the server rolls the
+    transaction back), so the COMMIT fails as a lost answer does. Flask and
+    ASGI send complete with the COMMIT, which the proxy cannot cut apart."""
+    if kind == "flask":
+        from pg_idempotency.flask import Idempotency as middleware
+    else:
+        from pg_idempotency.asgi import IdempotencyMiddleware as middleware
+    commit = middleware._commit
+    closed = []
+
+    def first_lost(self, *args):
+        """Closes the connection the first time; then commits as before."""
+        if not closed:
+            closed.append(True)
+            from flask import g
+            (g.db if kind == "flask" else args[0]).pgconn.finish()
+        return commit(self, *args)
+    monkeypatch.setattr(middleware, "_commit", first_lost)
+    return closed
+
+
+def test_a_commit_lost_before_the_server_got_it_runs_the_handler_again(serve, admin, commit_lost_once):
+    client = serve()
+    ids = "SELECT pg_sequence_last_value(pg_get_serial_sequence('charges', 'id'))"
+    before = value(admin, ids) or 0
+    answer = pay(client, "rolled-back-1")
+    assert commit_lost_once == [True]
+    assert_exactly_once(client, admin, answer, "rolled-back-1")
+    assert value(admin, ids) - before == 2, "the handler ran twice, its first run rolled back"
