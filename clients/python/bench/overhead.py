@@ -1,7 +1,10 @@
 """What the Flask and ASGI middlewares cost per request: database round
 trips and latency, fresh and replayed, against the same route without them.
 
-    DATABASE_URL=... /usr/bin/python3 clients/python/bench/overhead.py [REQUESTS] [flask|asgi]...
+    DATABASE_URL=... clients/python/bench/overhead [REQUESTS] [flask|asgi]...
+
+(overhead runs this file in a virtualenv with the built wheel and the
+pinned requirements/test.txt.)
 
 Flask: the example app (examples/python/app.py) is served as it is
 ("guarded"), and its payment view again without the middleware ("plain": a
@@ -19,6 +22,7 @@ slows requests, so it is off while timing).
 """
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -32,7 +36,8 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "..", "..", "examples", "python")]
+# The example app; pg_idempotency comes from the virtualenv's wheel.
+sys.path[:0] = [os.path.join(HERE, "..", "..", "..", "examples", "python")]
 
 from flask import Flask, g  # noqa: E402
 from psycopg.rows import namedtuple_row  # noqa: E402
@@ -110,7 +115,13 @@ def serve(mode, port):
         import uvicorn
         pool = AsyncConnectionPool(os.environ["DATABASE_URL"], min_size=2, max_size=10, open=False)
         app = asgi_app(pool, kind == "guarded")
-        app.router.on_startup.append(pool.open)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app):
+            """Opens the pool in uvicorn's event loop."""
+            async with pool:
+                yield
+        app.router.lifespan_context = lifespan
         uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                       access_log=False)).run()
         return
@@ -205,7 +216,8 @@ async def asgi_round_trips(url, headers):
     async with AsyncConnectionPool(url, min_size=1, max_size=1) as pool:
         async def count(app, key):
             """Round trips per request of 50 requests with key() (async trace as above)."""
-            async with httpx.AsyncClient(app=app, base_url="http://bench") as client:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://bench") as client:
                 async def send():
                     """Sends one payment."""
                     key_header = {"Idempotency-Key": key()} if key else {}

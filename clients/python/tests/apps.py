@@ -8,6 +8,7 @@ may not be stored. GET and PUT /db tell whether the handler got a connection.
 """
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -60,7 +61,13 @@ def flask_app(pool, **options):
 
 def asgi_app(pool, **options):
     """Returns the FastAPI app, behind the ASGI middleware with options."""
-    app = FastAPI(on_startup=[pool.open], on_shutdown=[pool.close])
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        """Opens the pool inside the server's event loop, closes it at shutdown."""
+        async with pool:
+            yield
+
+    app = FastAPI(lifespan=lifespan)
     app.add_middleware(IdempotencyMiddleware, pool=pool, **options)
 
     def transaction(request: Request):

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import time
 
 ALICE = {"Authorization": "Bearer sk_test_alice"}
 BOB = {"Authorization": "Bearer sk_test_bob"}
@@ -35,3 +36,11 @@ def assert_problem(response, status, code):
     assert problem["status"] == status and problem["code"] == code
     assert problem["type"] == "about:blank"
     assert problem["title"] and problem["detail"]
+
+
+def wait_for(admin, sql, *params, timeout=10):
+    """Waits until a query answers true (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not value(admin, sql, *params):
+        assert time.monotonic() < deadline, f"timed out waiting for {sql}"
+        time.sleep(0.02)

@@ -3,13 +3,12 @@ fixture runs each test against Flask and against FastAPI)."""
 
 import hashlib
 import threading
-import time
 
 import pytest
 from psycopg.conninfo import make_conninfo
 
 from conftest import DATABASE_URL
-from helpers import ALICE, BOB, assert_problem, pay, scope_of, value
+from helpers import ALICE, BOB, assert_problem, pay, scope_of, value, wait_for
 from pg_idempotency import Client, fingerprint
 
 
@@ -137,14 +136,6 @@ def test_an_optional_key_runs_unguarded_in_a_transaction(serve, admin):
     assert pay(client, None, {"amount": 3, "fail": True}).status_code == 500
     assert value(admin, "SELECT count(*) FROM charges") == 1
     assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
-
-
-def wait_for(admin, sql, *params, timeout=10):
-    """Waits until a query answers true (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not value(admin, sql, *params):
-        assert time.monotonic() < deadline, f"timed out waiting for {sql}"
-        time.sleep(0.02)
 
 
 def in_background(call):

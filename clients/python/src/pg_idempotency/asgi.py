@@ -12,13 +12,15 @@ together.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from typing import List, Optional
 from urllib.parse import quote
 
 import psycopg
 
 from . import contract
-from .client import AsyncClient, ClaimLost
+from .client import AsyncClient, Claim, ClaimLost
 
 
 class IdempotencyMiddleware:
@@ -44,74 +46,117 @@ class IdempotencyMiddleware:
         body = await _read_body(receive)
         if body is None:
             return  # the client went away before sending its body
+        held = _Held(self.pool)
         try:
-            conn = await self.pool.getconn()
-        except psycopg.Error as err:
-            if not self.options.fail_open:
-                await _send(send, contract.unavailable(err))
-                return
-            contract.log.error("idempotency: running unguarded: %s", err)
+            answer = await self._serve(held, key, headers, scope, body, receive)
+        finally:
+            await held.give_back()
+        if answer is None:   # fail_open without a connection
             await self.app(_with_db(scope, None), _replayed(body, receive), send)
             return
-        autocommit = conn.autocommit
-        try:
-            await conn.set_autocommit(False)
-            answer = await self._serve(conn, key, headers, scope, body, receive)
-        finally:
-            await _reset(conn, autocommit)
-            await self.pool.putconn(conn)
         await _send(send, answer)
 
-    async def _serve(self, conn, key: Optional[str], headers: contract.Headers,
-                     scope, body: bytes, receive) -> contract.Answer:
+    async def _serve(self, held: "_Held", key: Optional[str], headers: contract.Headers,
+                     scope, body: bytes, receive) -> Optional[contract.Answer]:
         """Claims the key and runs the app when it is new; returns the answer to send."""
         pending = contract.Pending()
         if key is not None:
             claim_scope = self.options.scope(scope) if self.options.scope else contract.credential_scope(headers)
+            pending = contract.Pending(key, claim_scope, None, uuid.uuid4(), _fingerprint(scope, body))
             try:
-                claim = await self.client.claim(
-                    key, _fingerprint(scope, body), scope=claim_scope, lease=self.options.lease,
-                    retention=self.options.retention, conn=conn, commit=True)
+                claim = await self._claim(held, pending)
             except psycopg.Error as err:
                 refusal = contract.refused_key(err)
                 if refusal or not self.options.fail_open:
                     return refusal or contract.unavailable(err)
                 contract.log.error("idempotency: running unguarded: %s", err)
+                pending = contract.Pending()
+                if contract.answer_lost(err):
+                    await held.give_back()
             else:
                 answer = contract.answer_claim(claim)
                 if answer:
                     return answer
-                pending = contract.Pending(key, claim_scope, claim.fence)
-        response = _Captured()
-        try:
-            await self.app(_with_db(scope, conn), _replayed(body, receive), response.send)
-            answer = response.answer()
-        except BaseException:
-            await self._abandon(conn, pending)
-            raise
-        return await self._finish(conn, pending, answer)
+                pending = pending._replace(fence=claim.fence)
+        if held.conn is None:
+            try:
+                await held.take()
+            except psycopg.Error as err:
+                if not self.options.fail_open:
+                    return contract.unavailable(err)
+                contract.log.error("idempotency: running unguarded: %s", err)
+                return None
+        return await self._run(held, pending, scope, body, receive)
 
-    async def _finish(self, conn, pending: contract.Pending,
-                      response: contract.Answer) -> contract.Answer:
-        """Ends the app's transaction: complete and commit, or (5xx) roll back and abandon."""
-        if response.status >= 500:
-            await self._abandon(conn, pending, response)
-            return response
-        try:
-            if pending.fence is None:
-                await conn.commit()
-            else:
-                await self.client.complete(
-                    pending.key, pending.fence, response.status, response.body,
-                    contract.headers_to_store(response.headers, self.options),
-                    scope=pending.scope, conn=conn, commit=True)
-        except ClaimLost:
-            # Its writes roll back in _reset, before the answer goes out.
-            return contract.claim_lost()
-        except psycopg.Error as err:
-            await self._abandon(conn, pending)
-            return contract.unavailable(err)
-        return response
+    async def _run(self, held: "_Held", pending: contract.Pending, scope, body: bytes,
+                   receive) -> contract.Answer:
+        """Runs the app on held.conn and ends its transaction; when the
+        COMMIT's answer is lost, claims again with the token: replay means it
+        committed (the app's answer goes out), new that it rolled back (the
+        app runs again)."""
+        for _ in range(1 + contract.RERUNS):
+            response = _Captured()
+            try:
+                await self.app(_with_db(scope, held.conn), _replayed(body, receive), response.send)
+                answer = response.answer()
+            except BaseException:
+                await self._abandon(held.conn, pending)
+                raise
+            if answer.status >= 500:
+                await self._abandon(held.conn, pending, answer)
+                return answer
+            try:
+                await self._commit(held.conn, pending, answer)
+                return answer
+            except ClaimLost:
+                # Its writes roll back when the connection goes back, before the answer goes out.
+                return contract.claim_lost()
+            except psycopg.Error as err:
+                if pending.fence is None or not contract.answer_lost(err):
+                    await self._abandon(held.conn, pending)
+                    return contract.unavailable(err)
+                lost = err
+            try:
+                claim = await self._claim(held, pending)
+            except psycopg.Error as err:
+                return contract.outcome_unknown(err)
+            if claim.outcome == "replay":
+                return answer   # it committed: this is the response stored
+            if claim.outcome != "new":   # another request took the key over
+                return contract.claim_lost()
+            pending = pending._replace(fence=claim.fence)
+            contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
+        await self._abandon(held.conn, pending)
+        return contract.outcome_unknown(lost)
+
+    async def _claim(self, held: "_Held", pending: contract.Pending) -> Claim:
+        """Claims with the request's token on a fresh connection, committed at
+        once; when the answer is lost, asks again on another (contract.CLAIM_BACKOFF)."""
+        for pause in (*contract.CLAIM_BACKOFF, None):
+            try:
+                return await self.client.claim(
+                    pending.key, pending.fingerprint, scope=pending.scope, lease=self.options.lease,
+                    retention=self.options.retention, token=pending.token,
+                    conn=await held.take(), commit=True)
+            except psycopg.Error as err:
+                if pause is None or not contract.answer_lost(err):
+                    raise
+                contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s",
+                                     pending.key, err)
+            await held.give_back()
+            await self.pool.check()   # drops the pool's other broken connections
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
+
+    async def _commit(self, conn, pending: contract.Pending, answer: contract.Answer) -> None:
+        """Stores the answer with complete() and commits the app's transaction."""
+        if pending.fence is None:
+            await conn.commit()
+            return
+        await self.client.complete(
+            pending.key, pending.fence, answer.status, answer.body,
+            contract.headers_to_store(answer.headers, self.options),
+            scope=pending.scope, conn=conn, commit=True)
 
     async def _abandon(self, conn, pending: contract.Pending,
                        failed: Optional[contract.Answer] = None) -> None:
@@ -122,8 +167,10 @@ class IdempotencyMiddleware:
         try:
             await conn.rollback()
         except psycopg.Error as err:
+            # A broken connection: its transaction is gone; the claim is
+            # ended on a fresh connection of the pool.
             contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
-            return  # a broken connection: the key frees itself when its lease ends
+            conn = None
         if pending.fence is None:
             return
         if failed is not None:
@@ -143,6 +190,31 @@ class IdempotencyMiddleware:
                                       conn=conn, commit=True)
         except psycopg.Error as err:
             contract.log.error("idempotency: could not release %r: %s", pending.key, err)
+
+
+class _Held:
+    """The request's connection, taken from the pool afresh when one broke."""
+
+    def __init__(self, pool):
+        """Holds nothing yet."""
+        self.pool = pool
+        self.conn = None
+        self.autocommit = False
+
+    async def take(self):
+        """Gives back the connection held, and takes a fresh one, out of autocommit."""
+        await self.give_back()
+        self.conn = await self.pool.getconn()
+        self.autocommit = self.conn.autocommit
+        await self.conn.set_autocommit(False)
+        return self.conn
+
+    async def give_back(self) -> None:
+        """Returns the connection to the pool idle, in its own autocommit mode."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await _reset(conn, self.autocommit)
+            await self.pool.putconn(conn)
 
 
 class _Captured:

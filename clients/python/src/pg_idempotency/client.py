@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Optional, Union
+from uuid import UUID
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -21,7 +22,8 @@ from psycopg.types.json import Jsonb
 Interval = Union[str, timedelta, None]
 
 CLAIM = """SELECT * FROM idempotency.claim(%s, %s, scope => %s, lease => %s::interval,
-                                          retention => %s::interval, wait => %s::interval)"""
+                                          retention => %s::interval, wait => %s::interval,
+                                          token => %s::uuid)"""
 COMPLETE = "SELECT idempotency.complete(%s, %s, %s, %s, %s, %s)"
 RELEASE = "SELECT idempotency.release(%s, %s, %s)"
 EXTEND = "SELECT idempotency.extend(%s, %s, %s::interval, %s)"
@@ -94,11 +96,13 @@ class Client:
 
     def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
               lease: Interval = None, retention: Interval = None, wait: Interval = None,
-              conn=None, commit: bool = False) -> Claim:
+              token: Optional[UUID] = None, conn=None, commit: bool = False) -> Claim:
         """Claims key: see Claim.outcome. Commit the claim at once (the
-        default without conn) so that a concurrent retry sees it."""
+        default without conn) so that a concurrent retry sees it. token: this
+        attempt's id; claimed again with it, the live claim it made answers
+        new again with the same fence (its answer was lost)."""
         return self._call(conn, commit, CLAIM,
-                          (key, fingerprint, scope, lease, retention, wait), class_row(Claim))
+                          (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
 
     def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
                  headers: Optional[dict] = None, *, scope: Optional[str] = None,
@@ -167,10 +171,10 @@ class AsyncClient:
 
     async def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
                     lease: Interval = None, retention: Interval = None, wait: Interval = None,
-                    conn=None, commit: bool = False) -> Claim:
+                    token: Optional[UUID] = None, conn=None, commit: bool = False) -> Claim:
         """As Client.claim."""
         return await self._call(conn, commit, CLAIM,
-                                (key, fingerprint, scope, lease, retention, wait), class_row(Claim))
+                                (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
 
     async def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
                        headers: Optional[dict] = None, *, scope: Optional[str] = None,

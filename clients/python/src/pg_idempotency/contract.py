@@ -15,6 +15,8 @@ import string
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from urllib.parse import quote
+from uuid import UUID
 
 import psycopg
 
@@ -31,7 +33,7 @@ MAX_KEY_BYTES = 255
 BARE_KEY_CHARS = frozenset("!#$%&'*+-.^_`|~:/" + string.ascii_letters + string.digits)
 # What a path may hold unescaped (RFC 3986 pchar and "/"), to rebuild a raw path.
 PATH_CHARS = "/:@!$&'()*+,;=-._~"
-TITLES = {400: "Bad Request", 409: "Conflict", 422: "Unprocessable Content",
+TITLES = {400: "Bad Request", 409: "Conflict", 413: "Content Too Large", 422: "Unprocessable Content",
           503: "Service Unavailable"}
 PROBLEMS = {
     "idempotency_key_missing": (400, "This request needs an Idempotency-Key header."),
@@ -39,6 +41,7 @@ PROBLEMS = {
     "idempotency_key_in_progress": (409, "A request with this Idempotency-Key is still running; retry later."),
     "idempotency_key_mismatch": (422, "This Idempotency-Key was used with a different request."),
     "idempotency_claim_lost": (409, "This request outlived its lease and a retry took it over; retry it."),
+    "request_body_too_large": (413, "The request body is larger than this server reads."),
     "idempotency_unavailable": (503, "The idempotency store cannot be reached; retry later."),
 }
 
@@ -51,10 +54,20 @@ class Answer(NamedTuple):
 
 
 class Pending(NamedTuple):
-    """A covered request whose handler runs: its claim (fence None: unguarded)."""
+    """A covered request whose handler runs: its claim (fence None:
+    unguarded), and what claims it again: the token and the fingerprint."""
     key: Optional[str] = None
     scope: str = ""
     fence: Optional[int] = None
+    token: Optional[UUID] = None
+    fingerprint: Optional[bytes] = None
+
+
+# The pauses before each claim of a request asked again because the
+# answer was lost: 3 more claims, each on a fresh connection, then 503.
+CLAIM_BACKOFF = (0.05, 0.1, 0.2)
+# How many times a handler whose COMMIT was lost and rolled back runs again.
+RERUNS = 3
 
 
 class InvalidKey(ValueError):
@@ -154,6 +167,20 @@ def request_fingerprint(method: str, path: bytes, query: Optional[bytes],
     return fingerprint(method, path, body or None, query or None)
 
 
+def wsgi_fingerprint(environ: dict, method: str, body: Optional[bytes]) -> bytes:
+    """Returns the fingerprint of a WSGI request as sent: the raw target
+    when the server gives it (gunicorn's RAW_URI, REQUEST_URI), else the
+    path re-escaped, and the raw body."""
+    target = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if target:
+        path, query = split_target(target.encode("latin-1"))
+    else:
+        path = quote((environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1"),
+                     safe=PATH_CHARS).encode()
+        query = environ.get("QUERY_STRING", "").encode("latin-1")
+    return request_fingerprint(method, path, query, body)
+
+
 def split_target(target: bytes) -> Tuple[bytes, Optional[bytes]]:
     """Splits a raw request target into its path and its query (None without '?')."""
     if not target.startswith(b"/") and b"://" in target:
@@ -179,6 +206,23 @@ def unavailable(err: BaseException) -> Answer:
     """Fails closed: without the store a retry could run twice (logged)."""
     log.error("idempotency: the store failed: %s", err)
     return problem("idempotency_unavailable", retry_after=1)
+
+
+def answer_lost(err: BaseException) -> bool:
+    """True when err says the database's answer never arrived (the
+    connection broke, or none could be had), not that it refused."""
+    if not isinstance(err, psycopg.OperationalError):
+        return False
+    return err.sqlstate is None or err.sqlstate.startswith(("08", "57P"))
+
+
+def outcome_unknown(err: BaseException) -> Answer:
+    """The 503 after a COMMIT whose answer was lost, when asking again failed
+    too: the request may have run, and its retry replays it if it did."""
+    log.error("idempotency: a COMMIT's answer was lost and the claim could not be asked again: %s", err)
+    return problem("idempotency_unavailable",
+                   "The idempotency store was lost before this request's outcome was known; "
+                   "retry it: it is replayed if it completed.", retry_after=1)
 
 
 def claim_lost() -> Answer:

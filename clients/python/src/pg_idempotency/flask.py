@@ -9,14 +9,15 @@ stored response commit together.
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Optional
-from urllib.parse import quote
 
 import psycopg
-from flask import Response, g, request
+from flask import Response, current_app, g, request
 
 from . import contract
-from .client import ClaimLost, Client
+from .client import Claim, ClaimLost, Client
 
 
 class _Answer(Response):
@@ -49,64 +50,129 @@ class Idempotency:
         key, refusal = contract.read_key(headers, self.options)
         if refusal:
             return _response(refusal)
-        try:
-            g.db = self.pool.getconn()
-        except psycopg.Error as err:
-            return self._unguarded(err, None)
-        g.db_autocommit = g.db.autocommit
-        g.db.autocommit = False
         if key is None:
+            try:
+                self._take()
+            except psycopg.Error as err:
+                return self._unguarded(err)
             g.idempotency = contract.Pending()
             return None
         scope = self.options.scope(request) if self.options.scope else contract.credential_scope(headers)
+        pending = contract.Pending(key, scope, None, uuid.uuid4(), _fingerprint())
         try:
-            claim = self.client.claim(key, _fingerprint(), scope=scope, lease=self.options.lease,
-                                      retention=self.options.retention, conn=g.db, commit=True)
+            claim = self._claim(pending)
         except psycopg.Error as err:
             refusal = contract.refused_key(err)
-            return _response(refusal) if refusal else self._unguarded(err, g.db)
+            return _response(refusal) if refusal else self._unguarded(err)
         answer = contract.answer_claim(claim)
         if answer:
             return _response(answer)
-        g.idempotency = contract.Pending(key, scope, claim.fence)
+        g.idempotency = pending._replace(fence=claim.fence)
         return None
 
-    def _unguarded(self, err: Exception, conn):
+    def _take(self):
+        """Gives the request a fresh connection of the pool, out of autocommit,
+        as g.db (the one it had goes back)."""
+        self._give_back()
+        g.db = self.pool.getconn()
+        g.db_autocommit = g.db.autocommit
+        g.db.autocommit = False
+        return g.db
+
+    def _give_back(self) -> None:
+        """Returns g.db to the pool idle, in its own autocommit mode (a broken one is discarded)."""
+        conn = g.pop("db", None)
+        if conn is None:
+            return
+        try:
+            conn.rollback()
+            conn.autocommit = g.pop("db_autocommit")
+        except psycopg.Error:
+            pass  # a broken connection: the pool discards it
+        self.pool.putconn(conn)
+
+    def _claim(self, pending: contract.Pending) -> Claim:
+        """Claims with the request's token on a fresh g.db, committed at once;
+        when the answer is lost, asks again on another (contract.CLAIM_BACKOFF)."""
+        for pause in (*contract.CLAIM_BACKOFF, None):
+            try:
+                return self.client.claim(pending.key, pending.fingerprint, scope=pending.scope,
+                                         lease=self.options.lease, retention=self.options.retention,
+                                         token=pending.token, conn=self._take(), commit=True)
+            except psycopg.Error as err:
+                if pause is None or not contract.answer_lost(err):
+                    raise
+                contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s",
+                                     pending.key, err)
+            self._give_back()
+            self.pool.check()   # drops the pool's other broken connections
+            time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _unguarded(self, err: Exception):
         """After a failure of the store: 503, or with fail_open the view runs unguarded."""
         if not self.options.fail_open:
+            self._give_back()
             return _response(contract.unavailable(err))
         contract.log.error("idempotency: running unguarded: %s", err)
-        g.db = conn
+        try:
+            self._take()
+        except psycopg.Error:
+            g.db = None
         g.idempotency = contract.Pending()
         return None
 
     def _after(self, response):
         """Ends the view's transaction: complete and commit; a 5xx is left to _teardown."""
         pending = g.get("idempotency")
-        conn = g.get("db")
-        if pending is None or conn is None:
+        if pending is None or g.get("db") is None:
             return response
-        if response.status_code >= 500:
-            # _teardown ends it: there Flask says whether the view raised.
-            g.idempotency_failed = contract.Answer(response.status_code, list(response.headers.items()),
-                                                   response.get_data())
-            return response
-        g.pop("idempotency")
-        try:
-            if pending.fence is None:
-                conn.commit()
-            else:
-                self.client.complete(
-                    pending.key, pending.fence, response.status_code, response.get_data(),
-                    contract.headers_to_store(response.headers.items(), self.options),
-                    scope=pending.scope, conn=conn, commit=True)
-        except ClaimLost:
-            # Its writes roll back in _teardown, before the answer goes out.
-            return _response(contract.claim_lost())
-        except psycopg.Error as err:
-            self._abandon(conn, pending)
-            return _response(contract.unavailable(err))
-        return response
+        return self._finish(pending, response)
+
+    def _finish(self, pending: contract.Pending, response):
+        """Completes and commits. When the COMMIT's answer is lost, claims
+        again with the token: replay means it committed (the view's response
+        goes out); new means it rolled back, and the view runs again on a
+        fresh g.db, at most contract.RERUNS times."""
+        for rerun in range(1 + contract.RERUNS):
+            if rerun:
+                contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again",
+                                     pending.key)
+                response = current_app.make_response(current_app.dispatch_request())
+            if response.status_code >= 500:
+                # _teardown ends it: there Flask says whether the view raised.
+                g.idempotency_failed = contract.Answer(
+                    response.status_code, list(response.headers.items()), response.get_data())
+                return response
+            try:
+                self._commit(pending, response)
+                return _done(response)
+            except ClaimLost:
+                return _done(_response(contract.claim_lost()))   # _teardown rolls back
+            except psycopg.Error as err:
+                if pending.fence is None or not contract.answer_lost(err):
+                    self._abandon(g.db, _done(pending))
+                    return _response(contract.unavailable(err))
+                lost = err
+            try:
+                claim = self._claim(pending)
+            except psycopg.Error as again:
+                return _done(_response(contract.outcome_unknown(again)))
+            if claim.outcome == "replay":
+                return _done(response)      # it committed: this is the response stored
+            if claim.outcome != "new":      # another request took the key over
+                return _done(_response(contract.claim_lost()))
+            pending = g.idempotency = pending._replace(fence=claim.fence)
+        return _response(contract.outcome_unknown(lost))    # _teardown releases the claim
+
+    def _commit(self, pending: contract.Pending, response) -> None:
+        """Stores the response with complete() and commits the view's transaction."""
+        if pending.fence is None:
+            g.db.commit()
+            return
+        self.client.complete(pending.key, pending.fence, response.status_code, response.get_data(),
+                             contract.headers_to_store(response.headers.items(), self.options),
+                             scope=pending.scope, conn=g.db, commit=True)
 
     def _abandon(self, conn, pending: contract.Pending,
                  failed: Optional[contract.Answer] = None) -> None:
@@ -117,8 +183,10 @@ class Idempotency:
         try:
             conn.rollback()
         except psycopg.Error as err:
+            # A broken connection: its transaction is gone; the claim is
+            # ended on a fresh connection of the pool.
             contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
-            return  # a broken connection: the key frees itself when its lease ends
+            conn = None
         if pending.fence is None:
             return
         if failed is not None:
@@ -141,19 +209,17 @@ class Idempotency:
     def _teardown(self, exc) -> None:
         """Returns the connection to the pool, after ending a claim still
         pending: a view that raised releases it; a 5xx it answered goes to complete."""
-        conn = g.pop("db", None)
-        if conn is None:
-            return
         pending = g.pop("idempotency", None)
         failed = g.pop("idempotency_failed", None)
-        if pending is not None:
-            self._abandon(conn, pending, failed if exc is None else None)
-        try:
-            conn.rollback()
-            conn.autocommit = g.pop("db_autocommit")
-        except psycopg.Error:
-            pass  # a broken connection: the pool discards it
-        self.pool.putconn(conn)
+        if pending is not None and g.get("db") is not None:
+            self._abandon(g.db, pending, failed if exc is None else None)
+        self._give_back()
+
+
+def _done(value):
+    """Ends the request's claim in g (nothing is left for _teardown to end); returns value."""
+    g.pop("idempotency", None)
+    return value
 
 
 def _headers() -> contract.Headers:
@@ -163,15 +229,7 @@ def _headers() -> contract.Headers:
 
 def _fingerprint() -> bytes:
     """Returns the fingerprint of the request as sent: raw target and body."""
-    environ = request.environ
-    target = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-    if target:
-        path, query = contract.split_target(target.encode("latin-1"))
-    else:
-        path = quote((environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1"),
-                     safe=contract.PATH_CHARS).encode()
-        query = environ.get("QUERY_STRING", "").encode("latin-1")
-    return contract.request_fingerprint(request.method, path, query, request.get_data(cache=True))
+    return contract.wsgi_fingerprint(request.environ, request.method, request.get_data(cache=True))
 
 
 def _response(answer: contract.Answer) -> Response:
