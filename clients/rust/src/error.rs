@@ -30,20 +30,25 @@ impl Error {
     }
 
     /// True when the server's answer never arrived (the connection broke,
-    /// or none could be had): the call may or may not have run, and asking
-    /// again on another connection is how to find out.
+    /// the server is shutting down, or no connection could be had): the call
+    /// may or may not have run, and asking again on another connection is
+    /// how to find out.
     pub fn is_connection(&self) -> bool {
-        matches!(
-            self.source_error(),
+        match self.source_error() {
             Some(
                 sqlx::Error::Io(_)
-                    | sqlx::Error::Tls(_)
-                    | sqlx::Error::Protocol(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::WorkerCrashed
-            )
-        )
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed,
+            ) => true,
+            // Connection exceptions (08) and the server shutting down (57P01..57P03).
+            Some(sqlx::Error::Database(_)) => {
+                self.sqlstate().is_some_and(|code| code.starts_with("08") || code.starts_with("57P0"))
+            }
+            _ => false,
+        }
     }
 
     /// The SQLx error underneath, if any.

@@ -31,6 +31,7 @@ use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Postgres, Transaction};
 use tower::{Layer, Service};
+use uuid::Uuid;
 
 use crate::problem::{Problem, replay};
 use crate::{ClaimOptions, Error, Outcome, Owner, Tx, claim, fingerprint, key};
@@ -50,9 +51,9 @@ type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How often a claim whose answer was lost is asked, in all.
-const CLAIM_ATTEMPTS: u32 = 3;
+const CLAIM_ATTEMPTS: u32 = 4;
 
-/// The pause before asking again, times the attempt's number.
+/// The pause before asking again the first time; it doubles each time.
 const CLAIM_BACKOFF: Duration = Duration::from_millis(50);
 
 /// How often the handler may run for one request whose COMMIT's answer was lost.
@@ -247,9 +248,11 @@ impl Buffered {
 enum Run<B, E> {
     /// With this answer, to send.
     Answered(Result<Answer<B>, E>),
-    /// The connection broke under the transaction; if the COMMIT was sent,
-    /// it may have committed. Claiming again with the token says which.
-    Lost { after_commit: bool },
+    /// The connection broke under the transaction: before the COMMIT was
+    /// sent (`None`: the server rolls it back), or before its answer came
+    /// (the handler's answer, to send if it committed). Claiming again with
+    /// the token says which.
+    Lost(Option<(response::Parts, Bytes)>),
 }
 
 impl IdempotencyLayer {
@@ -281,26 +284,36 @@ impl IdempotencyLayer {
             lease: self.lease,
             retention: self.retention,
             wait: None,
-            token: None,
+            token: Some(Uuid::new_v4()),
         };
         let uri = &request.parts.uri;
         let body = Some(&request.body[..]).filter(|body| !body.is_empty());
         let query = uri.query().filter(|query| !query.is_empty());
         let request_fingerprint = fingerprint(request.parts.method.as_str(), uri.path(), body, query);
 
-        let mut ran = false;
+        // After a run whose connection broke: whether its COMMIT was sent,
+        // with the handler's answer to send if it committed.
+        let mut lost: Option<Option<(response::Parts, Bytes)>> = None;
         for _ in 0..MAX_RUNS {
             let owner = match self.claim(&key, &request_fingerprint, &options).await {
                 Ok(Outcome::New(owner)) => owner,
-                Ok(Outcome::Replay { response, .. }) => return Ok(replay(response)),
+                Ok(Outcome::Replay { response, .. }) => {
+                    return Ok(match lost.flatten() {
+                        // It committed: the handler's answer is this request's first.
+                        Some((head, body)) => Response::from_parts(head, full(body)),
+                        None => replay(response),
+                    });
+                }
+                // The lease ended and another request took over: this run rolled back.
+                Ok(Outcome::InProgress { .. }) if lost.is_some() => return Ok(Problem::ClaimLost.response()),
                 Ok(Outcome::InProgress { retry_after }) => return Ok(Problem::InProgress { retry_after }.response()),
                 Ok(Outcome::Mismatch { .. }) => return Ok(Problem::Mismatch.response()),
                 Err(Error::InvalidArgument(_)) => {
                     return Ok(Problem::KeyInvalid("The Idempotency-Key is not one the store accepts.").response());
                 }
-                Err(err) if ran => {
-                    tracing::error!("idempotency: the claim that would tell whether key {key:?} committed failed: {err}");
-                    return Ok(Problem::Interrupted.response());
+                Err(err) if lost.is_some() => {
+                    tracing::error!("idempotency: the claim that would tell what became of key {key:?} failed: {err}");
+                    return Ok(lost_answer(lost));
                 }
                 Err(err) if self.fail_open => {
                     tracing::warn!("idempotency: the claim failed, running unguarded: {err}");
@@ -311,20 +324,13 @@ impl IdempotencyLayer {
                     return Ok(Problem::Unavailable.response());
                 }
             };
-            ran = true;
             match self.run(inner.clone(), &request, Some(&owner)).await {
                 Run::Answered(answer) => return answer,
                 // Claiming again with the token tells what became of this run.
-                Run::Lost { .. } if options.token.is_some() => continue,
-                Run::Lost { after_commit: false } => {
-                    // The server rolls the transaction back: nothing of it committed.
-                    self.release(&owner).await;
-                    return Ok(Problem::RolledBack.response());
-                }
-                Run::Lost { after_commit: true } => return Ok(Problem::Interrupted.response()),
+                Run::Lost(answer) => lost = Some(answer),
             }
         }
-        Ok(Problem::Interrupted.response())
+        Ok(lost_answer(lost))
     }
 
     /// Claims on a connection of the pool; a claim whose answer was lost is
@@ -342,9 +348,9 @@ impl IdempotencyLayer {
             }
             .await;
             match result {
-                Err(err) if answer_lost(&err) && options.token.is_some() && attempt < CLAIM_ATTEMPTS => {
+                Err(err) if answer_lost(&err) && attempt < CLAIM_ATTEMPTS => {
                     tracing::warn!("idempotency: the claim's answer was lost, asking again: {err}");
-                    tokio::time::sleep(CLAIM_BACKOFF * attempt).await;
+                    tokio::time::sleep(CLAIM_BACKOFF * 2u32.pow(attempt - 1)).await;
                     attempt += 1;
                 }
                 result => return result,
@@ -362,8 +368,9 @@ impl IdempotencyLayer {
     {
         match self.run(inner, request, owner).await {
             Run::Answered(answer) => answer,
-            Run::Lost { after_commit: false } => Ok(Problem::RolledBack.response()),
-            Run::Lost { after_commit: true } => Ok(Problem::Interrupted.response()),
+            // Without a claim there is no token to ask with.
+            Run::Lost(None) => Ok(Problem::RolledBack.response()),
+            Run::Lost(Some(_)) => Ok(Problem::Interrupted.response()),
         }
     }
 
@@ -436,7 +443,7 @@ impl IdempotencyLayer {
                 }
                 Err(err) if err.is_connection() => {
                     tracing::warn!("idempotency: the connection broke before COMMIT: {err}");
-                    return Run::Lost { after_commit: false };
+                    return Run::Lost(None);
                 }
                 Err(err) => {
                     tracing::error!("idempotency: could not store the response: {err}");
@@ -449,7 +456,7 @@ impl IdempotencyLayer {
             Ok(()) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
             Err(err) if err.is_connection() => {
                 tracing::warn!("idempotency: the answer to COMMIT was lost: {err}");
-                Run::Lost { after_commit: true }
+                Run::Lost(Some((head, body)))
             }
             Err(err) => {
                 // The server refused the COMMIT (a deferred constraint): it rolled back.
@@ -511,6 +518,14 @@ impl IdempotencyLayer {
             }
         }
         pairs
+    }
+}
+
+/// The 503 after runs whose connection broke: whether the last may have committed.
+fn lost_answer<B>(lost: Option<Option<(response::Parts, Bytes)>>) -> Answer<B> {
+    match lost.flatten() {
+        Some(_) => Problem::Interrupted.response(),
+        None => Problem::RolledBack.response(),
     }
 }
 
