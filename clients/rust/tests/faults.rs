@@ -135,18 +135,35 @@ async fn assert_completed(key: &str) {
     assert_eq!(record.state, State::Completed, "{record:?}");
 }
 
-#[tokio::test]
-async fn a_claim_whose_answer_was_lost_is_asked_again_and_the_handler_runs_once() {
+/// A request with key `key` to a charging server, after arming `fault`.
+struct Faulted {
+    address: SocketAddr,
+    table: String,
+    runs: Arc<AtomicUsize>,
+    key: String,
+    reply: common::Reply,
+    _proxy: FaultProxy,
+}
+
+/// Sends one request with `fault` armed; asserts that the proxy cut once
+/// and that the client got the handler's own 201.
+async fn one_fault(name: &str, fault: &str) -> Faulted {
     let proxy = FaultProxy::start();
-    let (table, runs) = table_and_counter("lost_claim").await;
+    let (table, runs) = table_and_counter(name).await;
     let address = charging(proxy.pool(), &table, &runs, nothing).await;
-    proxy.command(CUT_CLAIM).await;
+    proxy.command(fault).await;
     let key = unique("k");
     let reply = post(address, &key, b"{}", &[]).await;
-    assert_eq!(proxy.cuts().await, 1, "the claim's answer was lost");
+    assert_eq!(proxy.cuts().await, 1, "the proxy cut one answer ({fault})");
     assert_eq!((reply.status, reply.header("idempotent-replayed")), (201, None), "{reply:?}");
-    assert_eq!((runs.load(SeqCst), count_rows(&connect().await, &table).await), (1, 1));
     assert_completed(&key).await;
+    Faulted { address, table, runs, key, reply, _proxy: proxy }
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_asked_again_and_the_handler_runs_once() {
+    let lost = one_fault("lost_claim", CUT_CLAIM).await;
+    assert_eq!((lost.runs.load(SeqCst), count_rows(&connect().await, &lost.table).await), (1, 1));
 }
 
 #[tokio::test]
@@ -164,37 +181,21 @@ async fn a_claim_lost_every_time_is_a_503_that_says_the_request_did_not_run() {
 
 #[tokio::test]
 async fn a_commit_whose_answer_was_lost_answers_the_handlers_response_once() {
-    let proxy = FaultProxy::start();
-    let (table, runs) = table_and_counter("lost_commit").await;
-    let address = charging(proxy.pool(), &table, &runs, nothing).await;
-    proxy.command(CUT_COMMIT).await;
-    let key = unique("k");
-    let reply = post(address, &key, b"{}", &[]).await;
-    assert_eq!(proxy.cuts().await, 1, "the COMMIT's answer was lost");
-    assert_eq!((reply.status, reply.header("idempotent-replayed")), (201, None), "{reply:?}");
+    let lost = one_fault("lost_commit", CUT_COMMIT).await;
     let db = connect().await;
-    let charged: i64 = sqlx::query_scalar(&format!("SELECT max(id) FROM {table}")).fetch_one(&db).await.unwrap();
-    assert_eq!(reply.json(), serde_json::json!({ "charge": charged }), "the committed charge's answer");
-    assert_eq!((runs.load(SeqCst), count_rows(&db, &table).await), (1, 1), "it ran once");
-    assert_completed(&key).await;
-    let again = post(address, &key, b"{}", &[]).await;
+    let charged: i64 = sqlx::query_scalar(&format!("SELECT max(id) FROM {}", lost.table)).fetch_one(&db).await.unwrap();
+    assert_eq!(lost.reply.json(), serde_json::json!({ "charge": charged }), "the committed charge's answer");
+    assert_eq!((lost.runs.load(SeqCst), count_rows(&db, &lost.table).await), (1, 1), "it ran once");
+    let again = post(lost.address, &lost.key, b"{}", &[]).await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
-    assert_eq!(again.body, reply.body);
+    assert_eq!(again.body, lost.reply.body);
 }
 
 #[tokio::test]
 async fn a_connection_lost_before_the_commit_runs_the_handler_again() {
-    let proxy = FaultProxy::start();
-    let (table, runs) = table_and_counter("lost_complete").await;
-    let address = charging(proxy.pool(), &table, &runs, nothing).await;
-    proxy.command(CUT_COMPLETE).await;
-    let key = unique("k");
-    let reply = post(address, &key, b"{}", &[]).await;
-    assert_eq!(proxy.cuts().await, 1, "complete's answer was lost");
-    assert_eq!((reply.status, reply.header("idempotent-replayed")), (201, None), "{reply:?}");
-    assert_eq!(runs.load(SeqCst), 2, "the first run rolled back, so it ran again");
-    assert_eq!(count_rows(&connect().await, &table).await, 1, "one charge committed");
-    assert_completed(&key).await;
+    let lost = one_fault("lost_complete", CUT_COMPLETE).await;
+    assert_eq!(lost.runs.load(SeqCst), 2, "the first run rolled back, so it ran again");
+    assert_eq!(count_rows(&connect().await, &lost.table).await, 1, "one charge committed");
 }
 
 #[tokio::test]
