@@ -5,10 +5,11 @@
 //!     DATABASE_URL=... clients/rust/bench/overhead [REQUESTS]
 //!
 //! The payment route (insert a charge, answer 201 `{"charge": id}`) is
-//! served twice by hyper, each in a process of its own on 127.0.0.1:
+//! served twice by axum, each in a process of its own on 127.0.0.1:
 //! "guarded", behind `IdempotencyLayer`, writing through its `Tx`; and
-//! "plain", in a transaction of its own per request (`BEGIN`, insert,
-//! `COMMIT`) on a connection of the same `Pool`. One client sends REQUESTS
+//! "plain", in a transaction of its own per request (`pool.begin()`,
+//! insert, `commit()`) on the same kind of `PgPool` (SQLx's defaults, 10
+//! connections). One client sends REQUESTS
 //! (default 2000) sequential requests of each kind (plain; guarded with a
 //! fresh key; guarded with a replayed key) over one kept-alive connection
 //! per server. The kinds take turns, 100 timed requests at a time after 20
@@ -19,28 +20,28 @@
 //! once more behind a proxy on 127.0.0.1 that counts the ReadyForQuery
 //! messages the database sends (one per Sync), and among them the
 //! CloseComplete ones; 50 requests of each kind after 10 untimed. The proxy
-//! adds a hop, so it is not there while timing. tokio-postgres prepares a
-//! named statement for every query given as a string and closes it once it
-//! has run, with a Close and a Sync that it sends without waiting for the
-//! answer: those are counted apart ("closes"), and the round trips that a
-//! request waits on are the other ReadyForQuery messages.
+//! adds a hop, so it is not there while timing. SQLx keeps its statements
+//! prepared per connection (none is closed: "closes" stays 0), and pings a
+//! connection (a Sync) when it is taken from the pool and again, in the
+//! background, when it goes back: those pings are among the round trips.
 
-use std::convert::Infallible;
 use std::error::Error;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hyper::service::{make_service_fn, service_fn};
-use hyper::{Body, Request, Response, Server};
-use pg_idempotency::tokio_postgres::config::Host;
-use pg_idempotency::tokio_postgres::{Config, GenericClient};
-use pg_idempotency::{IdempotencyLayer, Pool, Tx};
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::Response;
+use axum::routing::post;
+use axum::serve::ListenerExt;
+use pg_idempotency::{IdempotencyLayer, Tx};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::{PgConnection, PgPool};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tower::Layer;
 
 const WARMUP: usize = 20; // untimed requests before each batch
 const BATCH: usize = 100; // timed requests of one kind in a row
@@ -82,7 +83,7 @@ fn main() {
 const KINDS: [&str; 3] = ["plain", "fresh", "replay"];
 
 /// The server and the Idempotency-Key of request `i` of kind `kind` (an index of KINDS).
-fn request_of<'a>(kind: usize, i: usize, run: u128, servers: &'a mut [BenchServer; 2]) -> (&'a mut BenchServer, Option<String>) {
+fn request_of(kind: usize, i: usize, run: u128, servers: &mut [BenchServer; 2]) -> (&mut BenchServer, Option<String>) {
     let [plain, guarded] = servers;
     match kind {
         0 => (plain, None),
@@ -127,7 +128,7 @@ fn time(batches: usize) -> Vec<Vec<Duration>> {
 fn count_round_trips() -> Vec<(f64, f64)> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
     let counts = Arc::new(Counts::default());
-    let proxy = runtime.block_on(start_proxy(database_config(), counts.clone()));
+    let proxy = runtime.block_on(start_proxy(database_options(), counts.clone()));
     let mut servers = start_servers(Some(proxy));
     let run = run_id();
     let mut per_request = Vec::new();
@@ -185,9 +186,9 @@ fn fail(why: impl std::fmt::Display) -> ! {
 }
 
 /// DATABASE_URL, parsed.
-fn database_config() -> Config {
+fn database_options() -> PgConnectOptions {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| fail("set DATABASE_URL"));
-    url.parse().unwrap_or_else(|err| fail(format!("DATABASE_URL: {}", err)))
+    url.parse().unwrap_or_else(|err| fail(format!("DATABASE_URL: {err}")))
 }
 
 /// A server process and one kept-alive connection to it.
@@ -284,19 +285,18 @@ fn first_line(stdout: ChildStdout) -> String {
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
-/// Connects to the database `config` names, as tokio-postgres would (its first host).
-async fn connect_upstream(config: &Config) -> std::io::Result<Box<dyn Stream>> {
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    Ok(match config.get_hosts().first() {
-        Some(Host::Tcp(host)) => Box::new(tokio::net::TcpStream::connect((host.as_str(), port)).await?),
-        Some(Host::Unix(dir)) => Box::new(tokio::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{}", port))).await?),
-        None => Box::new(tokio::net::TcpStream::connect(("localhost", port)).await?),
+/// Connects to the database `options` names, as SQLx would.
+async fn connect_upstream(options: &PgConnectOptions) -> std::io::Result<Box<dyn Stream>> {
+    let port = options.get_port();
+    Ok(match options.get_socket() {
+        Some(dir) => Box::new(tokio::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).await?),
+        None => Box::new(tokio::net::TcpStream::connect((options.get_host(), port)).await?),
     })
 }
 
 /// Starts a proxy on 127.0.0.1 to the database of `config` that counts the
 /// messages the database sends through it in `counts`. Returns its port.
-async fn start_proxy(config: Config, counts: Arc<Counts>) -> u16 {
+async fn start_proxy(config: PgConnectOptions, counts: Arc<Counts>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port for the proxy");
     let port = listener.local_addr().expect("bound").port();
     tokio::spawn(async move {
@@ -328,7 +328,8 @@ async fn start_proxy(config: Config, counts: Arc<Counts>) -> u16 {
 
 /// Follows the framing of the messages a PostgreSQL server sends (a type
 /// byte, a 4-byte length that counts itself, the rest) across reads. The
-/// stream is framed from its first byte: with NoTls no SSLRequest is sent.
+/// stream is framed from its first byte: the servers connect through the
+/// proxy with sslmode=disable, so no SSLRequest is sent.
 #[derive(Default)]
 struct Frames {
     header: [u8; 5],
@@ -373,22 +374,22 @@ fn serve(mode: &str) {
         std::process::exit(0);
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
-    let pool = Pool::new(server_config(), pg_idempotency::tokio_postgres::NoTls, 10);
     let result = runtime.block_on(async move {
-        let db = pool.get().await?;
-        db.batch_execute(
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(10).connect_lazy_with(server_options());
+        sqlx::raw_sql(
             "CREATE TABLE IF NOT EXISTS charges (
                 id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                 amount numeric NOT NULL,
                 created_at timestamptz NOT NULL DEFAULT now())",
         )
+        .execute(&pool)
         .await?;
-        drop(db);
-        if mode == "guarded" {
-            listen(IdempotencyLayer::new(pool).layer(service_fn(pay_guarded))).await
+        let app = if mode == "guarded" {
+            Router::new().route("/payments", post(pay_guarded)).layer(IdempotencyLayer::new(pool))
         } else {
-            listen(service_fn(move |request| pay_plain(pool.clone(), request))).await
-        }
+            Router::new().route("/payments", post(pay_plain)).with_state(pool)
+        };
+        listen(app).await
     });
     if let Err(err) = result {
         fail(format!("the {} server: {}", mode, err));
@@ -396,91 +397,66 @@ fn serve(mode: &str) {
 }
 
 /// DATABASE_URL, or through the proxy when BENCH_PROXY_PORT says so.
-fn server_config() -> Config {
-    let config = database_config();
-    let port = match std::env::var(PROXY_PORT) {
-        Ok(port) => port.parse().unwrap_or_else(|_| fail("a bad proxy port")),
-        Err(_) => return config,
-    };
-    let mut via = Config::new();
-    via.host("127.0.0.1").port(port);
-    if let Some(user) = config.get_user() {
-        via.user(user);
+fn server_options() -> PgConnectOptions {
+    let options = database_options();
+    match std::env::var(PROXY_PORT) {
+        // The user and database of DATABASE_URL (a password comes from PGPASSWORD).
+        Ok(port) => PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(port.parse().unwrap_or_else(|_| fail("a bad proxy port")))
+            .username(options.get_username())
+            .database(options.get_database().unwrap_or(options.get_username()))
+            .ssl_mode(PgSslMode::Disable),
+        Err(_) => options,
     }
-    if let Some(password) = config.get_password() {
-        via.password(password);
-    }
-    if let Some(dbname) = config.get_dbname() {
-        via.dbname(dbname);
-    }
-    via
 }
 
-/// Serves `service` on a free port of 127.0.0.1, after printing the address.
-async fn listen<S, B>(service: S) -> Result<(), Box<dyn Error + Send + Sync>>
-where
-    S: tower::Service<Request<Body>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: hyper::body::HttpBody + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn Error + Send + Sync>>,
-{
-    let server = Server::try_bind(&SocketAddr::from(([127, 0, 0, 1], 0)))?.tcp_nodelay(true).serve(make_service_fn(
-        move |_| {
-            let service = service.clone();
-            async move { Ok::<_, Infallible>(service) }
-        },
-    ));
-    println!("{}", server.local_addr());
+/// Serves `app` on a free port of 127.0.0.1, after printing the address.
+async fn listen(app: Router) -> Result<(), Box<dyn Error + Send + Sync>> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("{}", listener.local_addr()?);
     std::io::stdout().flush()?;
-    server.await?;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app).await?;
     Ok(())
 }
 
 /// The guarded route: charges in the layer's transaction.
-async fn pay_guarded(request: Request<Body>) -> Result<Response<Body>, Infallible> {
-    let tx = request.extensions().get::<Tx>().cloned().expect("behind the layer");
-    let db = match tx.client().await {
-        Ok(db) => db,
-        Err(err) => return Ok(answer(500, err.to_string())),
-    };
-    Ok(charge(&*db, request).await)
+async fn pay_guarded(tx: Tx, body: Bytes) -> Response<Body> {
+    match tx.lock().await {
+        Ok(mut db) => charge(&mut db, &body).await,
+        Err(err) => answer(500, err.to_string()),
+    }
 }
 
 /// The plain route: charges in a transaction of its own (BEGIN ... COMMIT).
-async fn pay_plain(pool: Pool, request: Request<Body>) -> Result<Response<Body>, Infallible> {
-    let mut conn = match pool.get().await {
-        Ok(conn) => conn,
-        Err(err) => return Ok(answer(503, err.to_string())),
-    };
-    let tx = match conn.transaction().await {
+async fn pay_plain(axum::extract::State(pool): axum::extract::State<PgPool>, body: Bytes) -> Response<Body> {
+    let mut tx = match pool.begin().await {
         Ok(tx) => tx,
-        Err(err) => return Ok(answer(503, err.to_string())),
+        Err(err) => return answer(503, err.to_string()),
     };
-    let response = charge(&tx, request).await;
+    let response = charge(&mut tx, &body).await;
     if response.status() != 201 {
-        return Ok(response); // the transaction rolls back when dropped
+        return response; // the transaction rolls back when dropped
     }
-    Ok(match tx.commit().await {
+    match tx.commit().await {
         Ok(()) => response,
         Err(err) => answer(500, err.to_string()),
-    })
+    }
 }
 
-/// Inserts the charge of `request` through `db`; answers 201 `{"charge": id}`.
-async fn charge<C: GenericClient>(db: &C, request: Request<Body>) -> Response<Body> {
-    let body = match hyper::body::to_bytes(request.into_body()).await {
-        Ok(body) => body,
-        Err(err) => return answer(400, err.to_string()),
-    };
-    let amount = match serde_json::from_slice::<serde_json::Value>(&body) {
-        Ok(payment) if payment["amount"].as_f64().map_or(false, |amount| amount > 0.0) => payment["amount"].to_string(),
+/// Inserts the charge of `body` through `db`; answers 201 `{"charge": id}`.
+async fn charge(db: &mut PgConnection, body: &[u8]) -> Response<Body> {
+    let amount = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(payment) if payment["amount"].as_f64().is_some_and(|amount| amount > 0.0) => payment["amount"].to_string(),
         _ => return answer(400, "amount must be a positive number".into()),
     };
     let sql = "INSERT INTO charges (amount) VALUES ($1::text::numeric) RETURNING id";
-    match db.query_one(sql, &[&amount]).await {
-        Ok(row) => {
-            let mut response = answer(201, format!("{{\"charge\":{}}}", row.get::<_, i64>(0)));
+    match sqlx::query_scalar::<_, i64>(sql).bind(amount).fetch_one(db).await {
+        Ok(id) => {
+            let mut response = answer(201, format!("{{\"charge\":{id}}}"));
             response.headers_mut().insert("content-type", "application/json".parse().expect("a header value"));
             response
         }

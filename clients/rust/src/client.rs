@@ -1,27 +1,47 @@
-//! The SQL API of the extension over tokio-postgres: `claim`, then, as the
-//! owner, `complete`, `release`, `extend` or `checkpoint`; `lookup` reads.
+//! The SQL API of the extension over SQLx: `claim`, then, as the owner,
+//! `complete`, `release`, `extend` or `checkpoint`; `lookup` reads.
 //!
-//! Every function takes any `GenericClient` (a `Client` or a `Transaction`),
-//! so the caller decides which transaction a call joins: `complete` belongs
-//! in the transaction of the business writes, `claim` in one of its own.
+//! Every function takes any SQLx executor on PostgreSQL (`&PgPool`,
+//! `&mut *transaction`, `&mut *connection`), so the caller decides which
+//! transaction a call joins: `complete` belongs in the transaction of the
+//! business writes, `claim` in one of its own. SQLx keeps each statement
+//! prepared per connection: after a connection's first call, each is one
+//! round trip.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
-use tokio_postgres::{GenericClient, Row};
+use sqlx::postgres::PgRow;
+use sqlx::{Executor, Postgres, Row};
+use uuid::Uuid;
 
 use crate::Error;
 
-const CLAIM: &str = "SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
-        recovery_state, retry_after, created_at
-   FROM idempotency.claim($1, $2, $3, $4::text::interval, $5::text::interval, $6::text::interval)";
+/// The claim with these arguments; times come back as microseconds since the
+/// epoch (no date crate needed).
+macro_rules! claim_sql {
+    ($arguments:literal) => {
+        concat!(
+            "SELECT outcome, fence, attempt, status_code, headers, body, recovery_point, recovery_state,
+                    retry_after, (extract(epoch FROM created_at) * 1000000)::int8
+               FROM idempotency.claim($1, $2, $3, $4::text::interval, $5::text::interval, $6::text::interval",
+            $arguments,
+            ")"
+        )
+    };
+}
+const CLAIM: &str = claim_sql!("");
+const CLAIM_WITH_TOKEN: &str = claim_sql!(", token => $7");
 const COMPLETE: &str = "SELECT idempotency.complete($1, $2, $3, $4, $5, $6)";
 const RELEASE: &str = "SELECT idempotency.release($1, $2, $3)";
-const EXTEND: &str = "SELECT idempotency.extend($1, $2, $3::text::interval, $4)";
-const CHECKPOINT: &str = "SELECT idempotency.checkpoint($1, $2, $3, $4, $5)";
+const EXTEND: &str =
+    "SELECT (extract(epoch FROM idempotency.extend($1, $2, $3::text::interval, $4)) * 1000000)::int8";
+const CHECKPOINT: &str = "SELECT idempotency.checkpoint($1, $2, $3, $4, $5)::text";
 const LOOKUP: &str = "SELECT scope, key, fingerprint, state, attempt,
-        (extract(epoch FROM lease) * 1000000)::int8, lease_expires_at, recovery_point,
-        recovery_state, status_code, headers, body, created_at, completed_at, expires_at
+        (extract(epoch FROM lease) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8,
+        recovery_point, recovery_state, status_code, headers, body,
+        (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM completed_at) * 1000000)::int8,
+        (extract(epoch FROM expires_at) * 1000000)::int8
    FROM idempotency.lookup($1, $2)";
 
 /// How to claim; every field left `None` takes the database's setting.
@@ -35,6 +55,10 @@ pub struct ClaimOptions {
     pub retention: Option<Duration>,
     /// When the key is in progress, how long to wait for its owner before answering.
     pub wait: Option<Duration>,
+    /// This attempt's id (extension 1.2): a claim asked again with the
+    /// token of the live owner answers `new` again with the same fence, so
+    /// a claim (or a COMMIT) whose answer was lost can be asked again.
+    pub token: Option<Uuid>,
 }
 
 /// What a claim decided.
@@ -118,25 +142,24 @@ pub struct Record {
 }
 
 /// Claims `key` for the request whose fingerprint is given (see [`crate::fingerprint`]).
-/// Run it outside the business transaction, so that it commits at once and a
-/// concurrent retry sees it.
-pub async fn claim<C>(db: &C, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error>
+/// Run it outside the business transaction (on the pool), so that it
+/// commits at once and a concurrent retry sees it.
+pub async fn claim<'c, E>(db: E, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error>
 where
-    C: GenericClient + Sync,
+    E: Executor<'c, Database = Postgres>,
 {
-    let row = db
-        .query_one(
-            CLAIM,
-            &[
-                &key,
-                &fingerprint,
-                &options.scope,
-                &options.lease.map(interval),
-                &options.retention.map(interval),
-                &options.wait.map(interval),
-            ],
-        )
-        .await?;
+    let sql = if options.token.is_some() { CLAIM_WITH_TOKEN } else { CLAIM };
+    let mut query = sqlx::query(sql)
+        .bind(key)
+        .bind(fingerprint)
+        .bind(options.scope.as_deref())
+        .bind(options.lease.map(interval))
+        .bind(options.retention.map(interval))
+        .bind(options.wait.map(interval));
+    if let Some(token) = options.token {
+        query = query.bind(token);
+    }
+    let row = query.fetch_one(db).await?;
     let outcome: &str = row.try_get(0)?;
     Ok(match outcome {
         "new" => Outcome::New(Owner {
@@ -149,21 +172,21 @@ where
         }),
         "replay" => Outcome::Replay {
             response: stored_response(&row, 3)?.unwrap_or_default(),
-            created_at: row.try_get(9)?,
+            created_at: time(row.try_get(9)?),
         },
         "in_progress" => Outcome::InProgress {
-            retry_after: row.try_get::<_, Option<i32>>(8)?.unwrap_or(1).max(1) as u32,
+            retry_after: row.try_get::<Option<i32>, _>(8)?.unwrap_or(1).max(1) as u32,
         },
-        _ => Outcome::Mismatch { created_at: row.try_get(9)? },
+        _ => Outcome::Mismatch { created_at: time(row.try_get(9)?) },
     })
 }
 
 /// Reads a record as a claim would see it; `None` when there is none (or it expired).
-pub async fn lookup<C>(db: &C, key: &str, scope: Option<&str>) -> Result<Option<Record>, Error>
+pub async fn lookup<'c, E>(db: E, key: &str, scope: Option<&str>) -> Result<Option<Record>, Error>
 where
-    C: GenericClient + Sync,
+    E: Executor<'c, Database = Postgres>,
 {
-    let row = match db.query_opt(LOOKUP, &[&key, &scope]).await? {
+    let row = match sqlx::query(LOOKUP).bind(key).bind(scope).fetch_optional(db).await? {
         None => return Ok(None),
         Some(row) => row,
     };
@@ -174,71 +197,86 @@ where
         fingerprint: row.try_get(2)?,
         state: if state == "completed" { State::Completed } else { State::InProgress },
         attempt: row.try_get(4)?,
-        lease: row.try_get::<_, Option<i64>>(5)?.map(|us| Duration::from_micros(us.max(0) as u64)),
-        lease_expires_at: row.try_get(6)?,
+        lease: row.try_get::<Option<i64>, _>(5)?.map(|us| Duration::from_micros(us.max(0) as u64)),
+        lease_expires_at: row.try_get::<Option<i64>, _>(6)?.map(time),
         recovery_point: row.try_get(7)?,
         recovery_state: row.try_get(8)?,
         response: stored_response(&row, 9)?,
-        created_at: row.try_get(12)?,
-        completed_at: row.try_get(13)?,
-        expires_at: row.try_get(14)?,
+        created_at: time(row.try_get(12)?),
+        completed_at: row.try_get::<Option<i64>, _>(13)?.map(time),
+        expires_at: time(row.try_get(14)?),
     }))
 }
 
 impl Owner {
     /// Stores the response and ends the claim, in the transaction of `db`:
-    /// call it in the transaction of the business writes, so that both commit
-    /// together. `Err(Error::ClaimLost)` when a retry took the claim over:
-    /// then roll that transaction back.
-    pub async fn complete<C>(
-        &self,
-        db: &C,
-        status_code: u16,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Result<Completion, Error>
+    /// call it in the transaction of the business writes (`&mut *tx`), so
+    /// that both commit together. `Err(Error::ClaimLost)` when a retry took
+    /// the claim over: then roll that transaction back.
+    pub async fn complete<'c, E>(&self, db: E, status_code: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<Completion, Error>
     where
-        C: GenericClient + Sync,
+        E: Executor<'c, Database = Postgres>,
     {
-        let row = db
-            .query_one(
-                COMPLETE,
-                &[&self.key, &self.fence, &i32::from(status_code), &body, &headers_json(headers), &self.scope],
-            )
+        let done: String = sqlx::query_scalar(COMPLETE)
+            .bind(&self.key)
+            .bind(self.fence)
+            .bind(i32::from(status_code))
+            .bind(body)
+            .bind(headers_json(headers))
+            .bind(self.scope.as_deref())
+            .fetch_one(db)
             .await?;
-        let done: &str = row.try_get(0)?;
         Ok(if done == "released" { Completion::Released } else { Completion::Stored })
     }
 
     /// Deletes the claim so that the next retry runs again (the work failed
     /// before any side effect). `false` when this fence no longer owns it.
-    pub async fn release<C>(&self, db: &C) -> Result<bool, Error>
+    pub async fn release<'c, E>(&self, db: E) -> Result<bool, Error>
     where
-        C: GenericClient + Sync,
+        E: Executor<'c, Database = Postgres>,
     {
-        Ok(db.query_one(RELEASE, &[&self.key, &self.fence, &self.scope]).await?.try_get(0)?)
+        let query = sqlx::query_scalar(RELEASE).bind(&self.key).bind(self.fence).bind(self.scope.as_deref());
+        Ok(query.fetch_one(db).await?)
     }
 
     /// Renews the lease by `lease` (`None`: the claim's own lease length);
     /// returns its new end. Commit it on its own for others to see it.
-    pub async fn extend<C>(&self, db: &C, lease: Option<Duration>) -> Result<SystemTime, Error>
+    pub async fn extend<'c, E>(&self, db: E, lease: Option<Duration>) -> Result<SystemTime, Error>
     where
-        C: GenericClient + Sync,
+        E: Executor<'c, Database = Postgres>,
     {
-        let row = db.query_one(EXTEND, &[&self.key, &self.fence, &lease.map(interval), &self.scope]).await?;
-        Ok(row.try_get(0)?)
+        let until: i64 = sqlx::query_scalar(EXTEND)
+            .bind(&self.key)
+            .bind(self.fence)
+            .bind(lease.map(interval))
+            .bind(self.scope.as_deref())
+            .fetch_one(db)
+            .await?;
+        Ok(time(until))
     }
 
     /// Saves the progress of multi-step work and renews the lease; a takeover
     /// gets `recovery_point` and `recovery_state` in its [`Owner`].
-    pub async fn checkpoint<C>(&self, db: &C, recovery_point: &str, recovery_state: Option<&Value>) -> Result<(), Error>
+    pub async fn checkpoint<'c, E>(&self, db: E, recovery_point: &str, recovery_state: Option<&Value>) -> Result<(), Error>
     where
-        C: GenericClient + Sync,
+        E: Executor<'c, Database = Postgres>,
     {
-        db.query_one(CHECKPOINT, &[&self.key, &self.fence, &recovery_point, &recovery_state, &self.scope])
+        sqlx::query(CHECKPOINT)
+            .bind(&self.key)
+            .bind(self.fence)
+            .bind(recovery_point)
+            .bind(recovery_state)
+            .bind(self.scope.as_deref())
+            .fetch_one(db)
             .await?;
         Ok(())
     }
+}
+
+/// A time the database gave as microseconds since the epoch.
+fn time(micros: i64) -> SystemTime {
+    let magnitude = Duration::from_micros(micros.unsigned_abs());
+    if micros >= 0 { UNIX_EPOCH + magnitude } else { UNIX_EPOCH - magnitude }
 }
 
 /// Writes a duration as an interval PostgreSQL reads exactly.
@@ -247,7 +285,7 @@ fn interval(duration: Duration) -> String {
 }
 
 /// The stored response in columns status_code, headers, body from `first`; None without a status.
-fn stored_response(row: &Row, first: usize) -> Result<Option<StoredResponse>, Error> {
+fn stored_response(row: &PgRow, first: usize) -> Result<Option<StoredResponse>, Error> {
     let status_code: Option<i32> = row.try_get(first)?;
     let headers: Option<Value> = row.try_get(first + 1)?;
     let body: Option<Vec<u8>> = row.try_get(first + 2)?;

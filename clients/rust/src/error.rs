@@ -8,26 +8,51 @@ pub enum Error {
     /// IK001: the fence no longer owns the claim (a retry took it over after
     /// the lease ended, or it was released, completed or reaped). Nothing
     /// changed; roll back the transaction the call ran in.
-    ClaimLost(tokio_postgres::Error),
+    ClaimLost(sqlx::Error),
     /// 22004 or 22023: an argument the extension refuses (an empty or too
     /// long key, a status code outside 100..599, a lease that is not positive...).
-    InvalidArgument(tokio_postgres::Error),
+    InvalidArgument(sqlx::Error),
     /// 54000: a response over `idempotency.max_response_bytes`; the claim stays as it was.
-    TooLarge(tokio_postgres::Error),
+    TooLarge(sqlx::Error),
     /// Anything else: the connection, the server, a missing extension or privilege.
-    Database(tokio_postgres::Error),
+    Database(sqlx::Error),
     /// The request's transaction was used after the response was sent.
     TransactionEnded,
 }
 
 impl Error {
     /// The SQLSTATE the server answered, if it answered one.
-    pub fn sqlstate(&self) -> Option<&str> {
-        self.source_error().and_then(|err| err.code()).map(|code| code.code())
+    pub fn sqlstate(&self) -> Option<String> {
+        match self.source_error()? {
+            sqlx::Error::Database(db) => db.code().map(|code| code.into_owned()),
+            _ => None,
+        }
     }
 
-    /// The tokio-postgres error underneath, if any.
-    fn source_error(&self) -> Option<&tokio_postgres::Error> {
+    /// True when the server's answer never arrived (the connection broke,
+    /// the server is shutting down, or no connection could be had): the call
+    /// may or may not have run, and asking again on another connection is
+    /// how to find out.
+    pub fn is_connection(&self) -> bool {
+        match self.source_error() {
+            Some(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed,
+            ) => true,
+            // Connection exceptions (08) and the server shutting down (57P01..57P03).
+            Some(sqlx::Error::Database(_)) => {
+                self.sqlstate().is_some_and(|code| code.starts_with("08") || code.starts_with("57P0"))
+            }
+            _ => false,
+        }
+    }
+
+    /// The SQLx error underneath, if any.
+    fn source_error(&self) -> Option<&sqlx::Error> {
         match self {
             Error::ClaimLost(err) | Error::InvalidArgument(err) | Error::TooLarge(err) | Error::Database(err) => {
                 Some(err)
@@ -37,10 +62,14 @@ impl Error {
     }
 }
 
-impl From<tokio_postgres::Error> for Error {
+impl From<sqlx::Error> for Error {
     /// Sorts a database error by its SQLSTATE.
-    fn from(err: tokio_postgres::Error) -> Error {
-        match err.code().map(|code| code.code()) {
+    fn from(err: sqlx::Error) -> Error {
+        let code = match &err {
+            sqlx::Error::Database(db) => db.code().map(|code| code.into_owned()),
+            _ => None,
+        };
+        match code.as_deref() {
             Some("IK001") => Error::ClaimLost(err),
             Some("22004" | "22023") => Error::InvalidArgument(err),
             Some("54000") => Error::TooLarge(err),
@@ -59,15 +88,16 @@ impl fmt::Display for Error {
             Error::Database(_) => "database error",
             Error::TransactionEnded => return f.write_str("the request's transaction has ended"),
         };
-        match self.source_error().and_then(|err| err.as_db_error()) {
-            Some(db) => write!(f, "{}: {}", what, db.message()),
-            None => write!(f, "{}: {}", what, self.source_error().map(ToString::to_string).unwrap_or_default()),
+        match self.source_error() {
+            Some(sqlx::Error::Database(db)) => write!(f, "{what}: {}", db.message()),
+            Some(err) => write!(f, "{what}: {err}"),
+            None => f.write_str(what),
         }
     }
 }
 
 impl std::error::Error for Error {
-    /// The tokio-postgres error underneath.
+    /// The SQLx error underneath.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source_error().map(|err| err as _)
     }

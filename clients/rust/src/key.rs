@@ -1,7 +1,7 @@
 //! The `Idempotency-Key` field: a Structured Field String (RFC 8941), or a
 //! bare token accepted as the same key (docs/http-contract.md).
 
-use hyper::header::HeaderMap;
+use http::header::HeaderMap;
 
 /// The name of the request field that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";

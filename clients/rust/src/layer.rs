@@ -1,45 +1,75 @@
 //! The tower `Layer`: Idempotency-Key on every POST and PATCH (by default),
 //! as docs/http-contract.md says.
 //!
-//! For a covered request it reads the key and the body, claims the key on a
-//! pooled connection (that claim commits at once, so a concurrent retry sees
-//! it), then opens a transaction on the same connection and lends it to the
-//! handler as a [`Tx`] in the request's extensions. When the handler has
-//! answered, it buffers the response and, in that transaction, stores it
-//! with `complete` and commits: the business writes and the stored response
-//! commit together, or not at all.
+//! For a covered request it reads the key and the body, claims the key on
+//! a connection of the application's pool (that claim commits at once, so a
+//! concurrent retry sees it), then begins a transaction on the pool and
+//! lends it to the handler as a [`Tx`] in the request's extensions. When the
+//! handler has answered, it buffers the response and, in that transaction,
+//! stores it with `complete` and commits: the business writes and the
+//! stored response commit together, or not at all.
+//!
+//! Each request gets a claim token. When the database's answer is lost (the
+//! connection breaks), the layer claims again with that token on another
+//! connection: the extension answers `new` with the same fence while the
+//! claim is still this request's (run the handler again: nothing of it
+//! committed), or `replay` once its COMMIT went through (send what the
+//! handler answered, as stored).
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use hyper::body::HttpBody;
-use hyper::header::{HeaderName, CONTENT_TYPE, LOCATION};
-use hyper::http::request::Parts;
-use hyper::http::response;
-use hyper::{Method, Request, Response};
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, LOCATION};
+use http::request::Parts;
+use http::{Method, Request, Response, response};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
+use sqlx::{PgPool, Postgres, Transaction};
 use tower::{Layer, Service};
+use uuid::Uuid;
 
-use crate::body::ResponseBody;
-use crate::problem::{replay, Problem};
-use crate::{claim, fingerprint, key, ClaimOptions, Error, Outcome, Owner, Pool, PooledClient, Tx};
+use crate::problem::{Problem, replay};
+use crate::{ClaimOptions, Error, Outcome, Owner, Tx, claim, fingerprint, key};
 
-/// Computes the scope of a request from its head.
-type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+/// The body of the layer's responses: the handler's own, streamed, when the
+/// request passes through untouched (`Left`); else a whole buffer
+/// (`Right`): the handler's buffered response, a replay or a problem.
+pub type ResponseBody<B> = Either<B, Full<Bytes>>;
 
 /// What the layer's service answers.
 type Answer<B> = Response<ResponseBody<B>>;
 
-/// The layer: give it a [`Pool`] on the database of the business data, set
-/// options with its builder methods, and wrap a service (an axum `Router`,
-/// a hyper `service_fn`...) with it.
+/// Computes the scope of a request from its head.
+type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+
+/// The error type bodies convert into.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How often a claim whose answer was lost is asked, in all.
+const CLAIM_ATTEMPTS: u32 = 4;
+
+/// The pause before asking again the first time; it doubles each time.
+const CLAIM_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How often the handler may run for one request whose COMMIT's answer was lost.
+const MAX_RUNS: u32 = 3;
+
+/// A whole body.
+pub(crate) fn full<B>(bytes: Bytes) -> ResponseBody<B> {
+    Either::Right(Full::new(bytes))
+}
+
+/// The layer: give it the application's `PgPool` (on the database of the
+/// business data), set options with its builder methods, and put it in an
+/// axum `Router` (`.layer(...)`) or around any tower service.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    pool: Pool,
+    pool: PgPool,
     methods: Vec<Method>,
     key_required: bool,
     fail_open: bool,
@@ -54,7 +84,7 @@ impl IdempotencyLayer {
     /// A layer with the defaults: POST and PATCH, key required, fail closed,
     /// the database's lease and retention, Content-Type and Location stored,
     /// bodies up to 1 MiB, scope from the credential ([`credential_scope`]).
-    pub fn new(pool: Pool) -> IdempotencyLayer {
+    pub fn new(pool: PgPool) -> IdempotencyLayer {
         IdempotencyLayer {
             pool,
             methods: vec![Method::POST, Method::PATCH],
@@ -172,10 +202,11 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: Send,
-    ReqBody: HttpBody + From<Bytes> + Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
-    ResBody: HttpBody<Data = Bytes> + Send + 'static,
-    ResBody::Error: std::fmt::Display + Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
 {
     type Response = Answer<ResBody>;
     type Error = S::Error;
@@ -200,15 +231,40 @@ where
     }
 }
 
+/// A request read whole, which the handler can be given again.
+struct Buffered {
+    parts: Parts,
+    body: Bytes,
+}
+
+impl Buffered {
+    /// A new copy of the request.
+    fn request<B: From<Bytes>>(&self) -> Request<B> {
+        Request::from_parts(self.parts.clone(), B::from(self.body.clone()))
+    }
+}
+
+/// How one run of the handler ended.
+enum Run<B, E> {
+    /// With this answer, to send.
+    Answered(Result<Answer<B>, E>),
+    /// The connection broke under the transaction: before the COMMIT was
+    /// sent (`None`: the server rolls it back), or before its answer came
+    /// (the handler's answer, to send if it committed). Claiming again with
+    /// the token says which.
+    Lost(Option<(response::Parts, Bytes)>),
+}
+
 impl IdempotencyLayer {
     /// Claims the request's key and answers: the handler's response, a
     /// replay, or a problem.
     async fn guard<S, ReqBody, ResBody>(&self, inner: S, request: Request<ReqBody>) -> Result<Answer<ResBody>, S::Error>
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        ReqBody: HttpBody + From<Bytes>,
-        ResBody: HttpBody<Data = Bytes>,
-        ResBody::Error: std::fmt::Display,
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        ReqBody: Body + From<Bytes>,
+        ReqBody::Error: Into<BoxError>,
+        ResBody: Body<Data = Bytes>,
+        ResBody::Error: Into<BoxError>,
     {
         let key = match key::request_key(request.headers()) {
             Ok(None) if self.key_required => return Ok(Problem::KeyMissing.response()),
@@ -216,118 +272,199 @@ impl IdempotencyLayer {
             Err(why) => return Ok(Problem::KeyInvalid(why).response()),
         };
         let (parts, body) = request.into_parts();
-        let body = match read_body(body, self.max_body_bytes).await {
-            Ok(body) => body,
+        let request = match read_body(body, self.max_body_bytes).await {
+            Ok(body) => Buffered { parts, body },
             Err(problem) => return Ok(problem.response()),
         };
-        let claim_options = ClaimOptions {
-            scope: Some((self.scope)(&parts)),
+        let Some(key) = key else {
+            return self.run_answered(inner, &request, None).await;
+        };
+        let options = ClaimOptions {
+            scope: Some((self.scope)(&request.parts)),
             lease: self.lease,
             retention: self.retention,
             wait: None,
+            token: Some(Uuid::new_v4()),
         };
-        let query = parts.uri.query().filter(|query| !query.is_empty());
-        let request_fingerprint =
-            fingerprint(parts.method.as_str(), parts.uri.path(), Some(&body[..]).filter(|b| !b.is_empty()), query);
-        let request = Request::from_parts(parts, ReqBody::from(body));
+        let uri = &request.parts.uri;
+        let body = Some(&request.body[..]).filter(|body| !body.is_empty());
+        let query = uri.query().filter(|query| !query.is_empty());
+        let request_fingerprint = fingerprint(request.parts.method.as_str(), uri.path(), body, query);
 
-        let mut conn = match self.pool.get().await {
-            Ok(conn) => conn,
-            Err(err) => return self.unguarded(inner, request, err).await,
-        };
-        let owner = match key {
-            None => None,
-            Some(key) => match claim(&*conn, &key, &request_fingerprint, &claim_options).await {
-                Ok(Outcome::New(owner)) => Some(owner),
-                Ok(Outcome::Replay { response, .. }) => return Ok(replay(response)),
+        // After a run whose connection broke: whether its COMMIT was sent,
+        // with the handler's answer to send if it committed.
+        let mut lost: Option<Option<(response::Parts, Bytes)>> = None;
+        for _ in 0..MAX_RUNS {
+            let owner = match self.claim(&key, &request_fingerprint, &options).await {
+                Ok(Outcome::New(owner)) => owner,
+                Ok(Outcome::Replay { response, .. }) => {
+                    return Ok(match lost.flatten() {
+                        // It committed: the handler's answer is this request's first.
+                        Some((head, body)) => Response::from_parts(head, full(body)),
+                        None => replay(response),
+                    });
+                }
+                // The lease ended and another request took over: this run rolled back.
+                Ok(Outcome::InProgress { .. }) if lost.is_some() => return Ok(Problem::ClaimLost.response()),
                 Ok(Outcome::InProgress { retry_after }) => return Ok(Problem::InProgress { retry_after }.response()),
                 Ok(Outcome::Mismatch { .. }) => return Ok(Problem::Mismatch.response()),
                 Err(Error::InvalidArgument(_)) => {
-                    return Ok(Problem::KeyInvalid("The Idempotency-Key is not one the store accepts.").response())
+                    return Ok(Problem::KeyInvalid("The Idempotency-Key is not one the store accepts.").response());
+                }
+                Err(err) if lost.is_some() => {
+                    tracing::error!("idempotency: the claim that would tell what became of key {key:?} failed: {err}");
+                    return Ok(lost_answer(lost));
                 }
                 Err(err) if self.fail_open => {
-                    log::warn!("idempotency: the claim failed, running unguarded: {}", err);
-                    None
+                    tracing::warn!("idempotency: the claim failed, running unguarded: {err}");
+                    return self.run_answered(inner, &request, None).await;
                 }
                 Err(err) => {
-                    log::error!("idempotency: the claim failed: {}", err);
+                    tracing::error!("idempotency: the claim failed: {err}");
                     return Ok(Problem::Unavailable.response());
                 }
-            },
-        };
-        if let Err(err) = conn.begin().await {
-            self.abandon(conn, owner.as_ref(), None).await;
-            return self.unguarded(inner, request, err).await;
+            };
+            match self.run(inner.clone(), &request, Some(&owner)).await {
+                Run::Answered(answer) => return answer,
+                // Claiming again with the token tells what became of this run.
+                Run::Lost(answer) => lost = Some(answer),
+            }
         }
-        self.run_in_transaction(inner, request, conn, owner).await
+        Ok(lost_answer(lost))
     }
 
-    /// Runs the handler with the transaction, then commits or rolls back.
-    async fn run_in_transaction<S, ReqBody, ResBody>(
-        &self,
-        mut inner: S,
-        mut request: Request<ReqBody>,
-        conn: PooledClient,
-        owner: Option<Owner>,
-    ) -> Result<Answer<ResBody>, S::Error>
+    /// Claims on a connection of the pool; a claim whose answer was lost is
+    /// asked again (with the same token) on another connection.
+    async fn claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error> {
+        let mut attempt = 1;
+        loop {
+            let result = async {
+                let mut conn = self.pool.acquire().await?;
+                let result = claim(&mut *conn, key, fingerprint, options).await;
+                if matches!(&result, Err(err) if err.is_connection()) {
+                    conn.close_on_drop();
+                }
+                result
+            }
+            .await;
+            match result {
+                Err(err) if answer_lost(&err) && attempt < CLAIM_ATTEMPTS => {
+                    tracing::warn!("idempotency: the claim's answer was lost, asking again: {err}");
+                    tokio::time::sleep(CLAIM_BACKOFF * 2u32.pow(attempt - 1)).await;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Runs the handler once, for an answer whatever happens.
+    async fn run_answered<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, owner: Option<&Owner>) -> Result<Answer<ResBody>, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        ResBody: HttpBody<Data = Bytes>,
-        ResBody::Error: std::fmt::Display,
+        ReqBody: From<Bytes>,
+        ResBody: Body<Data = Bytes>,
+        ResBody::Error: Into<BoxError>,
     {
-        let tx = Tx::new(conn);
-        request.extensions_mut().insert(tx.clone());
-        if let Some(owner) = &owner {
-            request.extensions_mut().insert(owner.clone());
+        match self.run(inner, request, owner).await {
+            Run::Answered(answer) => answer,
+            // Without a claim there is no token to ask with.
+            Run::Lost(None) => Ok(Problem::RolledBack.response()),
+            Run::Lost(Some(_)) => Ok(Problem::Interrupted.response()),
         }
-        let answered = inner.call(request).await;
-        // The body may still use the transaction: read it before taking the connection back.
+    }
+
+    /// Runs the handler in a transaction of its own, then commits (with the
+    /// stored response, for an owner) or rolls back.
+    async fn run<S, ReqBody, ResBody>(&self, mut inner: S, request: &Buffered, owner: Option<&Owner>) -> Run<ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        ReqBody: From<Bytes>,
+        ResBody: Body<Data = Bytes>,
+        ResBody::Error: Into<BoxError>,
+    {
+        let transaction = match self.pool.begin().await {
+            Ok(transaction) => transaction,
+            Err(err) => {
+                if let Some(owner) = owner {
+                    self.release(owner).await;
+                }
+                return Run::Answered(self.without_database(inner, request, err.into()).await);
+            }
+        };
+        let tx = Tx::new(transaction);
+        let mut handed = request.request();
+        handed.extensions_mut().insert(tx.clone());
+        if let Some(owner) = owner {
+            handed.extensions_mut().insert(owner.clone());
+        }
+        let answered = match poll_fn(|cx| inner.poll_ready(cx)).await {
+            Ok(()) => inner.call(handed).await,
+            Err(err) => Err(err),
+        };
+        // The body may still use the transaction: read it before taking the transaction back.
         let response = match answered {
             Ok(response) => {
                 let (head, body) = response.into_parts();
-                Ok((head, hyper::body::to_bytes(body).await))
+                let body = body.collect().await.map(|body| body.to_bytes()).map_err(Into::<BoxError>::into);
+                Ok((head, body))
             }
             Err(err) => Err(err),
         };
-        let conn = tx.take().await.expect("only the layer takes the connection");
+        let transaction = tx.take().await.expect("only the layer takes the transaction");
         match response {
             Err(err) => {
-                self.abandon(conn, owner.as_ref(), None).await;
-                Err(err)
+                self.abandon(transaction, owner, None).await;
+                Run::Answered(Err(err))
             }
             Ok((_, Err(err))) => {
-                log::error!("idempotency: the handler's response body failed: {}", err);
-                self.abandon(conn, owner.as_ref(), None).await;
-                Ok(Problem::ResponseUnreadable.response())
+                tracing::error!("idempotency: the handler's response body failed: {err}");
+                self.abandon(transaction, owner, None).await;
+                Run::Answered(Ok(Problem::ResponseUnreadable.response()))
             }
-            Ok((head, Ok(body))) => Ok(self.finish(conn, owner.as_ref(), head, body).await),
+            Ok((head, Ok(body))) => self.finish(transaction, owner, head, body).await,
         }
     }
 
     /// Commits the handler's work with its stored response; rolls back a 5xx.
-    async fn finish<B>(&self, mut conn: PooledClient, owner: Option<&Owner>, head: response::Parts, body: Bytes) -> Answer<B> {
+    async fn finish<B, E>(&self, mut transaction: Transaction<'static, Postgres>, owner: Option<&Owner>, head: response::Parts, body: Bytes) -> Run<B, E> {
         if head.status.is_server_error() {
-            self.abandon(conn, owner, Some((&head, &body))).await;
-            return Response::from_parts(head, ResponseBody::full(body));
+            self.abandon(transaction, owner, Some((&head, &body))).await;
+            return Run::Answered(Ok(Response::from_parts(head, full(body))));
         }
-        let committed = match owner {
-            Some(owner) => match owner.complete(&*conn, head.status.as_u16(), &self.headers_to_store(&head), &body).await {
-                Ok(_) => conn.end("COMMIT").await,
-                Err(err) => Err(err),
-            },
-            None => conn.end("COMMIT").await,
-        };
-        match committed {
-            Ok(()) => Response::from_parts(head, ResponseBody::full(body)),
-            Err(Error::ClaimLost(_)) => {
-                // A retry took the key over: its answer is the one that counts.
-                let _ = conn.end("ROLLBACK").await;
-                Problem::ClaimLost.response()
+        if let Some(owner) = owner {
+            let headers = self.headers_to_store(&head);
+            match owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await {
+                Ok(_) => {}
+                Err(Error::ClaimLost(_)) => {
+                    // A retry took the key over: its answer is the one that counts.
+                    let _ = transaction.rollback().await;
+                    return Run::Answered(Ok(Problem::ClaimLost.response()));
+                }
+                Err(err) if err.is_connection() => {
+                    tracing::warn!("idempotency: the connection broke before COMMIT: {err}");
+                    return Run::Lost(None);
+                }
+                Err(err) => {
+                    tracing::error!("idempotency: could not store the response: {err}");
+                    self.abandon(transaction, Some(owner), None).await;
+                    return Run::Answered(Ok(Problem::RolledBack.response()));
+                }
+            }
+        }
+        match transaction.commit().await.map_err(Error::from) {
+            Ok(()) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
+            Err(err) if err.is_connection() => {
+                tracing::warn!("idempotency: the answer to COMMIT was lost: {err}");
+                Run::Lost(Some((head, body)))
             }
             Err(err) => {
-                log::error!("idempotency: could not store the response: {}", err);
-                self.abandon(conn, owner, None).await;
-                Problem::Unavailable.response()
+                // The server refused the COMMIT (a deferred constraint): it rolled back.
+                tracing::error!("idempotency: COMMIT failed: {err}");
+                if let Some(owner) = owner {
+                    self.release(owner).await;
+                }
+                Run::Answered(Ok(Problem::RolledBack.response()))
             }
         }
     }
@@ -335,35 +472,37 @@ impl IdempotencyLayer {
     /// Rolls the transaction back and frees the key, so that a retry runs
     /// again. A 5xx response goes to `complete`, which releases it (or
     /// stores it, with `idempotency.store_server_errors` on).
-    async fn abandon(&self, mut conn: PooledClient, owner: Option<&Owner>, server_error: Option<(&response::Parts, &Bytes)>) {
-        if conn.end("ROLLBACK").await.is_err() {
-            return; // the connection is gone, and the transaction with it
-        }
-        let owner = match owner {
-            Some(owner) => owner,
-            None => return,
-        };
+    async fn abandon(&self, transaction: Transaction<'static, Postgres>, owner: Option<&Owner>, server_error: Option<(&response::Parts, &Bytes)>) {
+        let _ = transaction.rollback().await; // a broken connection rolls back too
+        let Some(owner) = owner else { return };
         if let Some((head, body)) = server_error {
             let status = head.status.as_u16();
-            if owner.complete(&*conn, status, &self.headers_to_store(head), body).await.is_ok() {
-                return;
+            match owner.complete(&self.pool, status, &self.headers_to_store(head), body).await {
+                Ok(_) | Err(Error::ClaimLost(_)) => return,
+                Err(_) => {} // too large to store, say: release it
             }
         }
-        if let Err(err) = owner.release(&*conn).await {
-            log::error!("idempotency: could not release key {:?}; it frees when its lease ends: {}", owner.key, err);
+        self.release(owner).await;
+    }
+
+    /// Frees the key on a connection of the pool; its lease frees it otherwise.
+    async fn release(&self, owner: &Owner) {
+        if let Err(err) = owner.release(&self.pool).await {
+            tracing::error!("idempotency: could not release key {:?}; it frees when its lease ends: {err}", owner.key);
         }
     }
 
     /// Answers 503, or with `fail_open` runs the handler without the database.
-    async fn unguarded<S, ReqBody, ResBody>(&self, inner: S, request: Request<ReqBody>, err: Error) -> Result<Answer<ResBody>, S::Error>
+    async fn without_database<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, err: Error) -> Result<Answer<ResBody>, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        ReqBody: From<Bytes>,
     {
         if self.fail_open {
-            log::warn!("idempotency: the database failed, running unguarded: {}", err);
-            pass_through(inner, request).await
+            tracing::warn!("idempotency: the database failed, running unguarded: {err}");
+            pass_through(inner, request.request()).await
         } else {
-            log::error!("idempotency: the database failed: {}", err);
+            tracing::error!("idempotency: the database failed: {err}");
             Ok(Problem::Unavailable.response())
         }
     }
@@ -382,24 +521,38 @@ impl IdempotencyLayer {
     }
 }
 
+/// The 503 after runs whose connection broke: whether the last may have committed.
+fn lost_answer<B>(lost: Option<Option<(response::Parts, Bytes)>>) -> Answer<B> {
+    match lost.flatten() {
+        Some(_) => Problem::Interrupted.response(),
+        None => Problem::RolledBack.response(),
+    }
+}
+
+/// True when a call reached a connection and its answer was lost (not when
+/// no connection could be had: the pool already waited for one).
+fn answer_lost(err: &Error) -> bool {
+    err.is_connection() && !matches!(err, Error::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed))
+}
+
 /// Calls the inner service and passes its response through.
 async fn pass_through<S, ReqBody, ResBody>(mut inner: S, request: Request<ReqBody>) -> Result<Answer<ResBody>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    Ok(inner.call(request).await?.map(ResponseBody::passed))
+    poll_fn(|cx| inner.poll_ready(cx)).await?;
+    Ok(inner.call(request).await?.map(Either::Left))
 }
 
 /// Reads the whole request body, up to `limit` bytes.
-async fn read_body<B: HttpBody>(body: B, limit: usize) -> Result<Bytes, Problem> {
-    let mut body = Box::pin(body);
-    let mut bytes = BytesMut::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk.map_err(|_| Problem::RequestUnreadable)?;
-        if bytes.len() + hyper::body::Buf::remaining(&chunk) > limit {
-            return Err(Problem::RequestTooLarge);
-        }
-        bytes.put(chunk);
+async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, Problem>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    match Limited::new(body, limit).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => Err(Problem::RequestTooLarge),
+        Err(_) => Err(Problem::RequestUnreadable),
     }
-    Ok(bytes.freeze())
 }

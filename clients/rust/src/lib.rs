@@ -1,33 +1,31 @@
-//! Idempotency-Key for HTTP APIs, on the PostgreSQL extension `idempotency`.
+//! Idempotency-Key for HTTP APIs, on the PostgreSQL extension `idempotency`
+//! (version 1.2 or later).
 //!
-//! - [`IdempotencyLayer`]: a tower `Layer` (hyper 0.14, axum 0.6) that
-//!   follows docs/http-contract.md: it claims the key, lends the handler the
-//!   request's transaction as a [`Tx`], and stores the response in that
-//!   transaction, so that the business writes and the stored response
-//!   commit together.
+//! - [`IdempotencyLayer`]: a tower 0.5 `Layer` for axum 0.8 (or any tower
+//!   service on http 1) that follows docs/http-contract.md. It claims the
+//!   key on the application's `sqlx::PgPool`, lends the handler the
+//!   request's `sqlx::Transaction` as a [`Tx`] (an axum extractor), and
+//!   stores the response in that transaction, so that the business writes
+//!   and the stored response commit together.
 //! - [`claim`], [`Owner::complete`], [`Owner::release`], [`Owner::extend`],
-//!   [`Owner::checkpoint`], [`lookup`]: the SQL API with typed outcomes, and
-//!   [`Error::ClaimLost`] for IK001.
+//!   [`Owner::checkpoint`], [`lookup`]: the SQL API with typed outcomes on
+//!   any SQLx executor, and [`Error::ClaimLost`] for IK001.
 //! - [`fingerprint`]: the request hash, equal to `idempotency.fingerprint()`.
-//! - [`Pool`]: a small connection pool on tokio-postgres.
 
-mod body;
 mod client;
 mod error;
 mod fingerprint;
 mod key;
 mod layer;
-mod pool;
 mod problem;
+mod tx;
 
-pub use body::ResponseBody;
-pub use client::{claim, lookup, ClaimOptions, Completion, Outcome, Owner, Record, State, StoredResponse};
+pub use client::{ClaimOptions, Completion, Outcome, Owner, Record, State, StoredResponse, claim, lookup};
 pub use error::Error;
 pub use fingerprint::fingerprint;
-pub use key::{parse_key, IDEMPOTENCY_KEY};
-pub use layer::{credential_scope, Idempotency, IdempotencyLayer};
-pub use pool::{Pool, PooledClient, Tx, TxClient};
-pub use tokio_postgres;
+pub use key::{IDEMPOTENCY_KEY, parse_key};
+pub use layer::{Idempotency, IdempotencyLayer, ResponseBody, credential_scope};
+pub use tx::{Tx, TxGuard};
 
 /// The Rust snippets of README.md, compiled by `cargo test`.
 #[cfg(doctest)]

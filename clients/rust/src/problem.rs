@@ -1,13 +1,13 @@
 //! The layer's own answers: RFC 9457 problems (application/problem+json)
 //! with a stable `code`, as docs/http-contract.md lists them, and replays.
 
-use hyper::body::Bytes;
-use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use hyper::{Response, StatusCode};
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
 use serde_json::json;
 
-use crate::body::ResponseBody;
 use crate::StoredResponse;
+use crate::layer::{ResponseBody, full};
 
 /// Why the layer answers instead of the handler.
 #[derive(Debug)]
@@ -18,6 +18,8 @@ pub(crate) enum Problem {
     Mismatch,
     ClaimLost,
     Unavailable,
+    RolledBack,
+    Interrupted,
     RequestTooLarge,
     RequestUnreadable,
     ResponseUnreadable,
@@ -56,7 +58,20 @@ impl Problem {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Service Unavailable",
                 "idempotency_unavailable",
-                "The idempotency store cannot be reached; nothing ran, retry later.",
+                "The idempotency store cannot be reached, so this request did not run; retry later.",
+            ),
+            Problem::RolledBack => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable",
+                "idempotency_unavailable",
+                "The response could not be stored, so this request's work was rolled back; retry later.",
+            ),
+            Problem::Interrupted => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable",
+                "idempotency_unavailable",
+                "The idempotency store stopped answering while this request ran, so it may have completed; \
+                 retry with the same Idempotency-Key, which replays its response if it did.",
             ),
             Problem::RequestTooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -83,7 +98,7 @@ impl Problem {
     fn retry_after(&self) -> Option<u32> {
         match self {
             Problem::InProgress { retry_after } => Some(*retry_after),
-            Problem::ClaimLost | Problem::Unavailable => Some(1),
+            Problem::ClaimLost | Problem::Unavailable | Problem::RolledBack | Problem::Interrupted => Some(1),
             _ => None,
         }
     }
@@ -98,7 +113,7 @@ impl Problem {
             "detail": detail,
             "code": code,
         });
-        let mut response = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
+        let mut response = Response::new(full(Bytes::from(body.to_string())));
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
@@ -111,7 +126,7 @@ impl Problem {
 
 /// The stored response again, marked `Idempotent-Replayed: true`.
 pub(crate) fn replay<B>(stored: StoredResponse) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::full(Bytes::from(stored.body)));
+    let mut response = Response::new(full(Bytes::from(stored.body)));
     *response.status_mut() = StatusCode::from_u16(stored.status_code).unwrap_or(StatusCode::OK);
     let headers = response.headers_mut();
     for (name, value) in &stored.headers {

@@ -5,8 +5,8 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{connect, create_table, count_rows, unique};
-use pg_idempotency::tokio_postgres::Client;
+use common::{connect, connect_one, count_rows, create_table, unique};
+use sqlx::PgPool;
 use pg_idempotency::{claim, fingerprint, lookup, ClaimOptions, Completion, Error, Outcome, Owner, State};
 use serde_json::json;
 
@@ -16,7 +16,7 @@ fn scoped(scope: &str) -> ClaimOptions {
 }
 
 /// Claims and expects `new`.
-async fn claim_new(db: &Client, key: &str, fp: &[u8], options: &ClaimOptions) -> Owner {
+async fn claim_new(db: &PgPool, key: &str, fp: &[u8], options: &ClaimOptions) -> Owner {
     match claim(db, key, fp, options).await.unwrap() {
         Outcome::New(owner) => owner,
         other => panic!("expected new, got {:?}", other),
@@ -126,14 +126,14 @@ async fn a_takeover_gets_the_checkpoint_and_fences_out_the_first_owner() {
     for result in lost {
         let err = result.unwrap_err();
         assert!(matches!(err, Error::ClaimLost(_)), "{:?}", err);
-        assert_eq!(err.sqlstate(), Some("IK001"));
+        assert_eq!(err.sqlstate().as_deref(), Some("IK001"));
     }
     assert_eq!(second.complete(&db, 200, &[], b"ok").await.unwrap(), Completion::Stored);
 }
 
 #[tokio::test]
 async fn a_lost_claim_rolls_back_the_business_writes_of_its_transaction() {
-    let mut db = connect().await;
+    let db = connect().await;
     let table = unique("lost_writes");
     create_table(&db, &table).await;
     let (key, options) = (unique("lost"), scoped("s"));
@@ -141,9 +141,9 @@ async fn a_lost_claim_rolls_back_the_business_writes_of_its_transaction() {
     let owner = claim_new(&db, &key, &fp, &options).await;
     assert!(owner.release(&db).await.unwrap()); // as a reaper or takeover would
 
-    let tx = db.transaction().await.unwrap();
-    tx.execute(&format!("INSERT INTO {} (note) VALUES ('charged')", table) as &str, &[]).await.unwrap();
-    let err = owner.complete(&tx, 201, &[], b"{}").await.unwrap_err();
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query(&format!("INSERT INTO {table} (note) VALUES ('charged')")).execute(&mut *tx).await.unwrap();
+    let err = owner.complete(&mut *tx, 201, &[], b"{}").await.unwrap_err();
     assert!(matches!(err, Error::ClaimLost(_)), "{:?}", err);
     tx.rollback().await.unwrap();
     assert_eq!(count_rows(&db, &table).await, 0);
@@ -205,7 +205,7 @@ async fn bad_arguments_are_invalid_argument_errors() {
     for (key, fp) in [("", &fp[..]), (&long, &fp[..]), ("a\nb", &fp[..]), ("ok", &[][..]), ("ok", &[0u8; 65][..])] {
         let err = claim(&db, key, fp, &options).await.unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{:?}: {:?}", key, err);
-        assert_eq!(err.sqlstate(), Some("22023"));
+        assert_eq!(err.sqlstate().as_deref(), Some("22023"));
     }
     let zero_lease = ClaimOptions { lease: Some(Duration::ZERO), ..options.clone() };
     assert!(matches!(claim(&db, "ok", &fp, &zero_lease).await, Err(Error::InvalidArgument(_))));
@@ -220,17 +220,20 @@ async fn bad_arguments_are_invalid_argument_errors() {
 
 #[tokio::test]
 async fn a_response_over_the_limit_is_too_large_and_changes_nothing() {
-    let db = connect().await;
-    db.batch_execute("SET idempotency.max_response_bytes = '1kB'").await.unwrap();
+    let mut db = connect_one().await;
+    sqlx::raw_sql("SET idempotency.max_response_bytes = '1kB'").execute(&mut db).await.unwrap();
     let (key, options) = (unique("large"), scoped("s"));
     let fp = fingerprint("POST", "/a", None, None);
-    let owner = claim_new(&db, &key, &fp, &options).await;
-    let err = owner.complete(&db, 200, &[], &[b'x'; 2048]).await.unwrap_err();
+    let owner = match claim(&mut db, &key, &fp, &options).await.unwrap() {
+        Outcome::New(owner) => owner,
+        other => panic!("expected new, got {other:?}"),
+    };
+    let err = owner.complete(&mut db, 200, &[], &[b'x'; 2048]).await.unwrap_err();
     assert!(matches!(err, Error::TooLarge(_)), "{:?}", err);
-    assert_eq!(err.sqlstate(), Some("54000"));
+    assert_eq!(err.sqlstate().as_deref(), Some("54000"));
     assert!(err.to_string().contains("too large"), "{}", err);
-    assert_eq!(lookup(&db, &key, Some("s")).await.unwrap().unwrap().state, State::InProgress);
-    assert_eq!(owner.complete(&db, 200, &[], &[b'x'; 1000]).await.unwrap(), Completion::Stored);
+    assert_eq!(lookup(&mut db, &key, Some("s")).await.unwrap().unwrap().state, State::InProgress);
+    assert_eq!(owner.complete(&mut db, 200, &[], &[b'x'; 1000]).await.unwrap(), Completion::Stored);
 }
 
 #[tokio::test]
@@ -246,7 +249,9 @@ async fn errors_say_what_failed_and_keep_the_server_message() {
 async fn the_fingerprint_computed_here_is_the_databases() {
     let db = connect().await;
     let binary: Vec<u8> = (0..=255).collect();
-    let cases: [(&str, &str, Option<&[u8]>, Option<&str>); 9] = [
+    // Method, path, body, query.
+    type Case<'a> = (&'a str, &'a str, Option<&'a [u8]>, Option<&'a str>);
+    let cases: [Case; 9] = [
         ("POST", "/payments", Some(br#"{"amount":10}"#), None),
         ("post", "/payments", Some(br#"{"amount":10}"#), None),
         ("PaTcH", "/a/b", None, None),
@@ -258,11 +263,14 @@ async fn the_fingerprint_computed_here_is_the_databases() {
         ("M-SEARCH", "*", Some(&[0, 0, 0]), Some("a")),
     ];
     for (method, path, body, query) in cases {
-        let row = db
-            .query_one("SELECT idempotency.fingerprint($1, $2, $3, $4)", &[&method, &path, &body, &query])
+        let theirs: Vec<u8> = sqlx::query_scalar("SELECT idempotency.fingerprint($1, $2, $3, $4)")
+            .bind(method)
+            .bind(path)
+            .bind(body)
+            .bind(query)
+            .fetch_one(&db)
             .await
             .unwrap();
-        let theirs: Vec<u8> = row.get(0);
         assert_eq!(fingerprint(method, path, body, query).to_vec(), theirs, "{:?}", (method, path, body, query));
     }
 }

@@ -1,4 +1,4 @@
-//! The layer over real HTTP (hyper on 127.0.0.1), one test per row of the
+//! The layer in an axum 0.8 Router over real HTTP (127.0.0.1), one test per row of the
 //! answers table of docs/http-contract.md, and then some.
 
 mod common;
@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{connect, count_rows, create_table, pool, pool_with_options, post, send, serve, unique};
-use hyper::{Body, Request, Response};
-use pg_idempotency::tokio_postgres::{Config, NoTls};
-use pg_idempotency::{
-    claim, credential_scope, fingerprint, lookup, ClaimOptions, IdempotencyLayer, Outcome, Owner, Pool, State, Tx,
-};
+use axum::body::Body;
+use axum::http::{Method, Request, Response};
+use common::{connect, count_rows, create_table, options, pool, pool_with, pool_with_settings, post, send, serve, unique};
+use pg_idempotency::{ClaimOptions, IdempotencyLayer, Outcome, Owner, State, Tx, claim, credential_scope, fingerprint, lookup};
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::Notify;
-use tower::{Layer, Service};
+use tower::{Layer, ServiceExt};
 
 type Handled = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 
@@ -27,9 +27,9 @@ fn tx_of(request: &Request<Body>) -> Tx {
 
 /// Inserts a row in `table` through `tx`; returns its id.
 async fn insert(tx: Tx, table: &str) -> i64 {
-    let db = tx.client().await.unwrap();
-    let sql = format!("INSERT INTO {} (note) VALUES ('charged') RETURNING id", table);
-    db.query_one(&sql as &str, &[]).await.unwrap().get(0)
+    let mut db = tx.lock().await.unwrap();
+    let sql = format!("INSERT INTO {table} (note) VALUES ('charged') RETURNING id");
+    sqlx::query_scalar(&sql).fetch_one(&mut *db).await.unwrap()
 }
 
 /// A response with this status and body, as JSON.
@@ -40,7 +40,7 @@ fn json_response(status: u16, body: String) -> Response<Body> {
 /// A handler that counts its runs, inserts a row in `table` through the
 /// request's transaction, waits `delay`, then answers what `respond` makes
 /// of the row's id, the run's number (from 0) and the claim's [`Owner`].
-fn inserting<R>(table: &str, runs: &Arc<AtomicUsize>, delay: Duration, respond: R) -> impl Fn(Request<Body>) -> Handled + Clone
+fn inserting<R>(table: &str, runs: &Arc<AtomicUsize>, delay: Duration, respond: R) -> impl Fn(Request<Body>) -> Handled + Clone + use<R>
 where
     R: Fn(i64, usize, Option<Owner>) -> Response<Body> + Clone + Send + Sync + 'static,
 {
@@ -58,7 +58,7 @@ where
 }
 
 /// A handler that inserts a charge, waits `delay`, then answers `status` with `{"charge": id}`.
-fn charging(table: &str, runs: &Arc<AtomicUsize>, delay: Duration, status: u16) -> impl Fn(Request<Body>) -> Handled + Clone {
+fn charging(table: &str, runs: &Arc<AtomicUsize>, delay: Duration, status: u16) -> impl Fn(Request<Body>) -> Handled + Clone + use<> {
     inserting(table, runs, delay, move |id, _, _| json_response(status, format!("{{\"charge\":{}}}", id)))
 }
 
@@ -196,10 +196,10 @@ async fn a_handler_that_loses_its_claim_gets_409_and_its_writes_roll_back() {
 }
 
 /// Waits (bounded) until the lease of `key` (unscoped) has ended.
-async fn wait_until_lease_ended(db: &pg_idempotency::tokio_postgres::Client, key: &str) {
+async fn wait_until_lease_ended(db: &PgPool, key: &str) {
     for _ in 0..100 {
         if let Some(record) = lookup(db, key, Some("")).await.unwrap() {
-            if record.lease_expires_at.map_or(false, |end| end < std::time::SystemTime::now()) {
+            if record.lease_expires_at.is_some_and(|end| end < std::time::SystemTime::now()) {
                 return;
             }
         }
@@ -209,10 +209,9 @@ async fn wait_until_lease_ended(db: &pg_idempotency::tokio_postgres::Client, key
 }
 
 /// A pool on a port where no database listens.
-fn unreachable_pool() -> Pool {
-    let mut config = Config::new();
-    config.host("127.0.0.1").port(1).user("nobody").dbname("none").connect_timeout(Duration::from_secs(2));
-    Pool::new(config, NoTls, 2)
+fn unreachable_pool() -> PgPool {
+    let options = PgConnectOptions::new().host("127.0.0.1").port(1).username("nobody").database("none");
+    sqlx::postgres::PgPoolOptions::new().acquire_timeout(Duration::from_secs(2)).connect_lazy_with(options)
 }
 
 #[tokio::test]
@@ -244,13 +243,11 @@ async fn fail_open_runs_the_handler_without_the_database() {
 }
 
 /// A role that may write `table` but not use the extension, and a pool that logs in as it.
-async fn role_without_the_extension(table: &str) -> Pool {
+async fn role_without_the_extension(table: &str) -> PgPool {
     let role = unique("no_idem");
     let db = connect().await;
-    db.batch_execute(&format!("CREATE ROLE {role}; GRANT ALL ON TABLE {table} TO {role}", role = role, table = table))
-        .await
-        .unwrap();
-    pool_with_options(&format!("-c role={}", role))
+    sqlx::raw_sql(&format!("CREATE ROLE {role}; GRANT ALL ON TABLE {table} TO {role}")).execute(&db).await.unwrap();
+    pool_with(options().options([("role", role.as_str())]), 8)
 }
 
 #[tokio::test]
@@ -287,7 +284,7 @@ async fn a_server_error_rolls_back_and_releases_the_key() {
 
 #[tokio::test]
 async fn with_store_server_errors_a_server_error_is_replayed() {
-    let layer = IdempotencyLayer::new(pool_with_options("-c idempotency.store_server_errors=on"));
+    let layer = IdempotencyLayer::new(pool_with_settings(&[("idempotency.store_server_errors", "on")]));
     let (address, table, runs) = charging_server("store5xx", layer, Duration::ZERO, 500).await;
     let key = unique("k");
     let failed = post(address, &key, b"{}", &[]).await;
@@ -300,7 +297,7 @@ async fn with_store_server_errors_a_server_error_is_replayed() {
 
 #[tokio::test]
 async fn a_response_the_store_refuses_is_503_and_rolls_back() {
-    let layer = IdempotencyLayer::new(pool_with_options("-c idempotency.max_response_bytes=8"));
+    let layer = IdempotencyLayer::new(pool_with_settings(&[("idempotency.max_response_bytes", "8")]));
     let (address, table, _) = charging_server("toolarge", layer, Duration::ZERO, 201).await;
     let key = unique("k");
     post(address, &key, b"{}", &[]).await.assert_problem(503, "idempotency_unavailable");
@@ -309,7 +306,7 @@ async fn a_response_the_store_refuses_is_503_and_rolls_back() {
     assert!(lookup(&db, &key, Some("")).await.unwrap().is_none(), "the key was released");
 
     // A 5xx over the limit is released all the same.
-    let layer = IdempotencyLayer::new(pool_with_options("-c idempotency.max_response_bytes=8"));
+    let layer = IdempotencyLayer::new(pool_with_settings(&[("idempotency.max_response_bytes", "8")]));
     let (address, _, runs) = charging_server("toolarge5xx", layer, Duration::ZERO, 500).await;
     assert_eq!(post(address, &key, b"{}", &[]).await.status, 500);
     assert!(lookup(&db, &key, Some("")).await.unwrap().is_none(), "the key was released");
@@ -327,14 +324,14 @@ async fn a_handler_error_rolls_back_releases_and_is_returned() {
             let (table, tx) = (table.clone(), tx_of(&request));
             async move {
                 insert(tx, &table).await;
-                Err::<Response<Body>, _>(std::io::Error::new(std::io::ErrorKind::Other, "handler failed"))
+                Err::<Response<Body>, _>(std::io::Error::other("handler failed"))
             }
         }
     };
-    let mut service = IdempotencyLayer::new(pool()).layer(hyper::service::service_fn(handler));
+    let service = IdempotencyLayer::new(pool()).layer(tower::service_fn(handler));
     let key = unique("k");
     let request = Request::post("/payments").header("idempotency-key", &key).body(Body::from("{}")).unwrap();
-    let err = service.call(request).await.unwrap_err();
+    let err = service.oneshot(request).await.unwrap_err();
     assert_eq!(err.to_string(), "handler failed");
     let db = connect().await;
     assert_eq!(count_rows(&db, &table).await, 0);
@@ -349,7 +346,7 @@ async fn a_handler_that_panics_leaves_neither_its_writes_nor_its_transaction_beh
         json_response(201, format!("{{\"charge\":{}}}", id))
     });
     // One connection: the second request gets the one the panic left.
-    let address = serve(IdempotencyLayer::new(Pool::new(common::config(), NoTls, 1)), handler).await;
+    let address = serve(IdempotencyLayer::new(pool_with(options(), 1)), handler).await;
     let no_answer = tokio::spawn(async move { post(address, &unique("k"), b"{}", &[]).await });
     assert!(no_answer.await.is_err(), "the connection closes without a response");
     assert_eq!(post(address, &unique("k"), b"{}", &[]).await.status, 201);
@@ -404,11 +401,12 @@ async fn the_scope_is_a_hash_of_the_credential() {
     for scope in [sha256_hex("authorization:Bearer sk_alice"), sha256_hex("x-api-key:sk_carol"), String::new()] {
         assert!(lookup(&db, &key, Some(&scope)).await.unwrap().is_some(), "scope {:?}", scope);
     }
-    let leaked: i64 = db
-        .query_one("SELECT count(*) FROM idempotency.keys WHERE key = $1 AND (scope ~ 'sk_' OR headers::text ~ 'sk_')", &[&key])
-        .await
-        .unwrap()
-        .get(0);
+    let leaked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency.keys WHERE key = $1 AND (scope ~ 'sk_' OR headers::text ~ 'sk_')")
+            .bind(&key)
+            .fetch_one(&db)
+            .await
+            .unwrap();
     assert_eq!(leaked, 0, "the credential itself is never stored");
 }
 
@@ -416,7 +414,9 @@ async fn the_scope_is_a_hash_of_the_credential() {
 async fn the_layer_fingerprints_the_request_as_the_database_does() {
     let (address, _, _) = charging_server("fp", IdempotencyLayer::new(pool()), Duration::ZERO, 201).await;
     let db = connect().await;
-    let cases: [(&str, &[u8], Option<&str>, Option<&[u8]>); 3] = [
+    // The target sent, its body, and the query and body the fingerprint hashes.
+    type Case<'a> = (&'a str, &'a [u8], Option<&'a str>, Option<&'a [u8]>);
+    let cases: [Case; 3] = [
         ("/payments?b=2&a=1", b"\x00{\"amount\":1}\xff", Some("b=2&a=1"), Some(b"\x00{\"amount\":1}\xff")),
         ("/payments?", b"", None, None),
         ("/payments", b"", None, None),
@@ -426,11 +426,12 @@ async fn the_layer_fingerprints_the_request_as_the_database_does() {
         let reply = send(address, "POST", target, &[("Idempotency-Key", &key)], body).await;
         assert_eq!(reply.status, 201);
         let record = lookup(&db, &key, Some("")).await.unwrap().unwrap();
-        let theirs: Vec<u8> = db
-            .query_one("SELECT idempotency.fingerprint('POST', '/payments', $1, $2)", &[&stored_body, &query])
+        let theirs: Vec<u8> = sqlx::query_scalar("SELECT idempotency.fingerprint('POST', '/payments', $1, $2)")
+            .bind(stored_body)
+            .bind(query)
+            .fetch_one(&db)
             .await
-            .unwrap()
-            .get(0);
+            .unwrap();
         assert_eq!(record.fingerprint, theirs, "{}", target);
     }
 }
@@ -446,7 +447,7 @@ async fn other_methods_pass_through_untouched() {
         let reply = send(address, method, "/", &[], b"").await;
         assert_eq!((reply.status, reply.json()), (200, serde_json::json!({"tx": false})), "{}", method);
     }
-    let address = serve(IdempotencyLayer::new(unreachable_pool()).methods([hyper::Method::PUT]), handler).await;
+    let address = serve(IdempotencyLayer::new(unreachable_pool()).methods([Method::PUT]), handler).await;
     send(address, "PUT", "/", &[], b"").await.assert_problem(400, "idempotency_key_missing");
     assert_eq!(send(address, "POST", "/", &[], b"").await.status, 200);
 }

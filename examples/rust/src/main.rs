@@ -1,22 +1,26 @@
-//! The retried-payment API: POST /payments charges once per Idempotency-Key.
+//! The retried-payment API: POST /payments charges once per Idempotency-Key,
+//! on axum 0.8 and SQLx 0.8, inside the request's transaction that
+//! pg-idempotency's layer lends the handler.
 //!
 //! Environment: DATABASE_URL (a database where `CREATE EXTENSION
 //! idempotency` is done), PORT (default 3000); for the tests,
 //! IDEMPOTENCY_LEASE (an interval, default `60 seconds`) and
 //! IDEMPOTENCY_FAIL_OPEN=on. Listens on 127.0.0.1.
 
-use std::convert::Infallible;
 use std::env;
 use std::error::Error;
-use std::net::SocketAddr;
+use std::str::FromStr;
 use std::time::Duration;
 
-use hyper::service::{make_service_fn, service_fn};
-use hyper::{Body, Method, Request, Response, Server};
-use pg_idempotency::tokio_postgres::{Config, NoTls};
-use pg_idempotency::{IdempotencyLayer, Pool, Tx};
-use serde_json::{json, Value};
-use tower::Layer;
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use pg_idempotency::{IdempotencyLayer, Tx};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const CREATE_CHARGES: &str = "CREATE TABLE IF NOT EXISTS charges (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -25,56 +29,59 @@ const CREATE_CHARGES: &str = "CREATE TABLE IF NOT EXISTS charges (
 
 #[tokio::main]
 async fn main() {
-    log::set_logger(&StderrLogger).expect("the only logger");
-    log::set_max_level(log::LevelFilter::Info);
+    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
     if let Err(err) = serve().await {
-        eprintln!("payments: {}", err);
+        eprintln!("payments: {err}");
         std::process::exit(1);
     }
 }
 
 /// Creates the business table when missing, then serves until killed.
 async fn serve() -> Result<(), Box<dyn Error>> {
-    let mut config: Config = env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?.parse()?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(5)); // an unreachable database answers 503, not a hang
-    }
-    let pool = Pool::new(config, NoTls, 10);
-    let db = pool.get().await?;
-    db.batch_execute(CREATE_CHARGES).await?;
+    let url = env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?;
+    // An unreachable database answers 503 within seconds, not a hang.
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy_with(PgConnectOptions::from_str(&url)?);
+    sqlx::raw_sql(CREATE_CHARGES).execute(&pool).await?;
     let lease = env::var("IDEMPOTENCY_LEASE").unwrap_or_else(|_| "60 seconds".into());
-    // The database reads the interval, as it would read the setting idempotency.lease.
-    let lease_micros: i64 = db
-        .query_one("SELECT (extract(epoch FROM $1::text::interval) * 1000000)::int8", &[&lease])
-        .await?
-        .get(0);
-    drop(db);
-    if lease_micros <= 0 {
-        return Err(format!("IDEMPOTENCY_LEASE must be positive, not {:?}", lease).into());
-    }
-
-    let layer = IdempotencyLayer::new(pool)
-        .lease(Duration::from_micros(lease_micros as u64))
+    let layer = IdempotencyLayer::new(pool.clone())
+        .lease(lease_of(&pool, &lease).await?)
         .fail_open(env::var("IDEMPOTENCY_FAIL_OPEN").as_deref() == Ok("on"));
-    let service = layer.layer(service_fn(route));
+
+    let app = Router::new()
+        .route("/", get(health))
+        .route("/payments", post(pay))
+        .fallback(not_found)
+        .layer(layer);
     let port: u16 = env::var("PORT").unwrap_or_else(|_| "3000".into()).parse()?;
-    let address = SocketAddr::from(([127, 0, 0, 1], port));
-    let server = Server::try_bind(&address)?.serve(make_service_fn(move |_| {
-        let service = service.clone();
-        async move { Ok::<_, Infallible>(service) }
-    }));
-    eprintln!("listening on http://{}", address);
-    server.await?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    eprintln!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
     Ok(())
 }
 
-/// Routes: the health check and the payments.
-async fn route(request: Request<Body>) -> Result<Response<Body>, Infallible> {
-    Ok(match (request.method(), request.uri().path()) {
-        (&Method::GET, "/") => json_response(200, json!({"status": "ok"})),
-        (&Method::POST, "/payments") => pay(request).await,
-        _ => json_response(404, json!({"error": "not found"})),
-    })
+/// The database reads the interval, as it would read the setting idempotency.lease.
+async fn lease_of(pool: &PgPool, lease: &str) -> Result<Duration, Box<dyn Error>> {
+    let micros: i64 = sqlx::query_scalar("SELECT (extract(epoch FROM $1::text::interval) * 1000000)::int8")
+        .bind(lease)
+        .fetch_one(pool)
+        .await?;
+    if micros <= 0 {
+        return Err(format!("IDEMPOTENCY_LEASE must be positive, not {lease:?}").into());
+    }
+    Ok(Duration::from_micros(micros as u64))
+}
+
+/// GET /: the health check, without the database.
+async fn health() -> Response {
+    json_response(StatusCode::OK, json!({"status": "ok"}))
+}
+
+/// Any other route.
+async fn not_found() -> Response {
+    json_response(StatusCode::NOT_FOUND, json!({"error": "not found"}))
 }
 
 /// What POST /payments asks for.
@@ -84,42 +91,38 @@ struct Payment {
     fail: bool,
 }
 
-/// Charges the amount. Test knobs: `delay_ms` sleeps first, `fail` answers
-/// 500 after the charge was written (the layer rolls it back).
-async fn pay(request: Request<Body>) -> Response<Body> {
-    let tx = request.extensions().get::<Tx>().cloned();
-    let payment = match hyper::body::to_bytes(request.into_body()).await {
-        Ok(body) => parse_payment(&body),
-        Err(_) => Err("the body could not be read"),
-    };
-    let payment = match payment {
+/// Charges the amount in the request's transaction. Test knobs: `delay_ms`
+/// sleeps first, `fail` answers 500 after the charge was written (the layer
+/// rolls it back). No `Tx`: the layer failed open without a database.
+async fn pay(tx: Option<Tx>, body: Bytes) -> Response {
+    let payment = match parse_payment(&body) {
         Ok(payment) => payment,
-        Err(why) => return json_response(400, json!({ "error": why })),
+        Err(why) => return json_response(StatusCode::BAD_REQUEST, json!({ "error": why })),
     };
     tokio::time::sleep(payment.delay).await;
-    // No transaction: the layer failed open without a database.
-    let tx = match tx {
-        Some(tx) => tx,
-        None => return json_response(503, json!({"error": "the database is unavailable"})),
+    let Some(tx) = tx else {
+        return json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"error": "the database is unavailable"}));
     };
     let charge = match insert_charge(&tx, &payment.amount).await {
         Ok(charge) => charge,
         Err(err) => {
-            log::error!("could not charge: {}", err);
-            return json_response(500, json!({"error": "the charge could not be written"}));
+            eprintln!("payments: could not charge: {err}");
+            let error = json!({"error": "the charge could not be written"});
+            return json_response(StatusCode::INTERNAL_SERVER_ERROR, error);
         }
     };
     if payment.fail {
-        return json_response(500, json!({ "error": format!("charge {} was declined", charge) }));
+        let error = json!({ "error": format!("charge {charge} was declined") });
+        return json_response(StatusCode::INTERNAL_SERVER_ERROR, error);
     }
-    json_response(201, json!({ "charge": charge }))
+    json_response(StatusCode::CREATED, json!({ "charge": charge }))
 }
 
 /// Reads `{"amount": N > 0, "delay_ms"?: N, "fail"?: bool}`.
 fn parse_payment(body: &[u8]) -> Result<Payment, &'static str> {
     let order: Value = serde_json::from_slice(body).map_err(|_| "the body is not JSON")?;
     let amount = match &order["amount"] {
-        Value::Number(n) if n.as_f64().map_or(false, |n| n > 0.0) => n.to_string(),
+        Value::Number(n) if n.as_f64().is_some_and(|n| n > 0.0) => n.to_string(),
         _ => return Err("amount must be a positive number"),
     };
     let delay_ms = match &order["delay_ms"] {
@@ -134,35 +137,16 @@ fn parse_payment(body: &[u8]) -> Result<Payment, &'static str> {
 }
 
 /// Writes the charge in the request's transaction; returns its id.
-async fn insert_charge(tx: &Tx, amount: &str) -> Result<i64, pg_idempotency::Error> {
-    let db = tx.client().await?;
-    let row = db.query_one("INSERT INTO charges (amount) VALUES ($1::text::numeric) RETURNING id", &[&amount]).await?;
-    Ok(row.get(0))
+async fn insert_charge(tx: &Tx, amount: &str) -> Result<i64, Box<dyn Error>> {
+    let mut db = tx.lock().await?;
+    let id = sqlx::query_scalar("INSERT INTO charges (amount) VALUES ($1::text::numeric) RETURNING id")
+        .bind(amount)
+        .fetch_one(&mut *db)
+        .await?;
+    Ok(id)
 }
 
-/// A JSON response.
-fn json_response(status: u16, body: Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("a valid response")
-}
-
-/// Prints log records of the layer to stderr.
-struct StderrLogger;
-
-impl log::Log for StderrLogger {
-    /// Every record at the max level or above.
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    /// One line per record.
-    fn log(&self, record: &log::Record<'_>) {
-        eprintln!("{} {}", record.level(), record.args());
-    }
-
-    /// Nothing is buffered.
-    fn flush(&self) {}
+/// A JSON response (axum's `Json` sets `Content-Type: application/json`).
+fn json_response(status: StatusCode, body: Value) -> Response {
+    (status, Json(body)).into_response()
 }

@@ -1,87 +1,83 @@
 //! Shared by the test files: the database (DATABASE_URL, where
-//! `CREATE EXTENSION idempotency` is done), a hyper server wrapped in the
+//! `CREATE EXTENSION idempotency` is done), an axum server wrapped in the
 //! layer on 127.0.0.1, and a raw HTTP/1.1 client that sends exactly what a
 //! test says (a field twice, a malformed key).
 #![allow(dead_code)] // each test file uses part of this
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hyper::service::{make_service_fn, service_fn};
-use hyper::{Body, Request, Response, Server};
-use pg_idempotency::tokio_postgres::{Client, Config, NoTls};
-use pg_idempotency::{IdempotencyLayer, Pool};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response};
+use pg_idempotency::IdempotencyLayer;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tower::Layer;
+use tokio::net::{TcpListener, TcpStream};
 
 /// The connection settings of the test database.
-pub fn config() -> Config {
+pub fn options() -> PgConnectOptions {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: a database with CREATE EXTENSION idempotency");
-    url.parse().expect("DATABASE_URL is a PostgreSQL URL")
+    PgConnectOptions::from_str(&url).expect("DATABASE_URL is a PostgreSQL URL")
 }
 
-/// A connection of its own to the test database.
-pub async fn connect() -> Client {
-    connect_with(config()).await
+/// A pool of the test's own on the test database.
+pub fn pool() -> PgPool {
+    pool_with(options(), 8)
 }
 
-/// A connection with these settings.
-pub async fn connect_with(config: Config) -> Client {
-    let (client, connection) = config.connect(NoTls).await.expect("the test database answers");
-    tokio::spawn(connection);
-    client
+/// A pool of at most `size` connections with these settings, connecting when first used.
+pub fn pool_with(options: PgConnectOptions, size: u32) -> PgPool {
+    PgPoolOptions::new().max_connections(size).acquire_timeout(Duration::from_secs(10)).connect_lazy_with(options)
 }
 
-/// A pool on the test database.
-pub fn pool() -> Pool {
-    Pool::new(config(), NoTls, 8)
+/// A pool whose connections start with these settings.
+pub fn pool_with_settings(settings: &[(&str, &str)]) -> PgPool {
+    pool_with(options().options(settings.iter().copied()), 8)
 }
 
-/// A pool whose connections start with these server options (`-c name=value`).
-pub fn pool_with_options(options: &str) -> Pool {
-    let mut config = config();
-    config.options(options);
-    Pool::new(config, NoTls, 8)
+/// The test's own view of the database (a pool: its connections hold no session state).
+pub async fn connect() -> PgPool {
+    pool_with(options(), 2)
+}
+
+/// One connection, for session settings.
+pub async fn connect_one() -> PgConnection {
+    PgConnection::connect_with(&options()).await.expect("the test database answers")
 }
 
 /// A name no other test (or earlier run) uses: for keys and tables.
 pub fn unique(name: &str) -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{}_{}", name, nanos)
+    format!("{name}_{nanos}")
 }
 
 /// Creates a table `name (id bigint identity, note text)` for a test's business writes.
-pub async fn create_table(db: &Client, name: &str) {
-    let sql = format!("CREATE TABLE {} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)", name);
-    db.batch_execute(&sql).await.unwrap();
+pub async fn create_table(db: &PgPool, name: &str) {
+    let sql = format!("CREATE TABLE {name} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)");
+    sqlx::raw_sql(&sql).execute(db).await.unwrap();
 }
 
 /// Counts the rows of a table.
-pub async fn count_rows(db: &Client, table: &str) -> i64 {
-    db.query_one(&format!("SELECT count(*) FROM {}", table) as &str, &[]).await.unwrap().get(0)
+pub async fn count_rows(db: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(db).await.unwrap()
 }
 
-/// Serves `handler` behind `layer` on a free port of 127.0.0.1, for as long
-/// as the test's runtime lives; returns the address.
+/// Serves `handler` (for every method and path) in an axum Router behind
+/// `layer` on a free port of 127.0.0.1, for as long as the test's runtime
+/// lives; returns the address.
 pub async fn serve<H, F>(layer: IdempotencyLayer, handler: H) -> SocketAddr
 where
     H: Fn(Request<Body>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let service = layer.layer(service_fn(move |request| {
-        let response = handler(request);
-        async move { Ok::<_, Infallible>(response.await) }
-    }));
-    let make_service = make_service_fn(move |_| {
-        let service = service.clone();
-        async move { Ok::<_, Infallible>(service) }
-    });
-    let server = Server::bind(&SocketAddr::from(([127, 0, 0, 1], 0))).serve(make_service);
-    let address = server.local_addr();
-    tokio::spawn(server);
+    let app = Router::new().fallback(move |request: Request<Body>| handler(request)).layer(layer);
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     address
 }
 
@@ -113,7 +109,7 @@ impl Reply {
         assert_eq!(problem["status"], status, "{}", problem);
         assert_eq!(problem["type"], "about:blank", "{}", problem);
         for member in ["title", "detail"] {
-            assert!(problem[member].as_str().map_or(false, |s| !s.is_empty()), "{}", problem);
+            assert!(problem[member].as_str().is_some_and(|s| !s.is_empty()), "{}", problem);
         }
     }
 }
@@ -127,7 +123,7 @@ pub async fn send(address: SocketAddr, method: &str, target: &str, headers: &[(&
         body.len()
     );
     for (name, value) in headers {
-        request.push_str(&format!("{}: {}\r\n", name, value));
+        request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
     let exchange = async {
