@@ -26,9 +26,6 @@
 #define Abs(x) ((x) >= 0 ? (x) : -(x))
 #endif
 
-/* PG 15 added shmem_request_hook (every supported major has it). */
-#define IDEM_HAVE_SHMEM_REQUEST_HOOK 1
-
 /* Minor releases before 15.4 lack this marker of a half-dropped database. */
 #ifndef DATCONNLIMIT_INVALID_DB
 #define DATCONNLIMIT_INVALID_DB -2

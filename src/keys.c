@@ -223,9 +223,7 @@ static PlanSet *last_plan_set = NULL;
 #define FENCE_TRANCHE "idempotency fence"
 static bool fence_lock_requested = false;
 
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 
 /* Whether this call has connected to SPI: only calls that run a plan do. */
 static bool spi_connected = false;
@@ -284,7 +282,6 @@ static const Oid column_types[IDEM_NUM_COLS] = {
 PG_FUNCTION_INFO_V1(idempotency_fence_at_least);
 PG_FUNCTION_INFO_V1(idempotency_expiry_second);
 
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 /* Asks for the fence lock. */
 static void
 keys_shmem_request(void)
@@ -293,7 +290,6 @@ keys_shmem_request(void)
 		prev_shmem_request_hook();
 	RequestNamedLWLockTranche(FENCE_TRANCHE, 1);
 }
-#endif
 
 /* Asks for the fence lock in shared memory, when preloading; called from _PG_init. */
 void
@@ -301,12 +297,8 @@ idem_keys_init(void)
 {
 	if (!process_shared_preload_libraries_in_progress)
 		return;
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = keys_shmem_request;
-#else
-	RequestNamedLWLockTranche(FENCE_TRANCHE, 1);
-#endif
 	fence_lock_requested = true;
 }
 

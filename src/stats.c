@@ -35,9 +35,7 @@ typedef struct IdemStats
 
 static IdemStats *stats = NULL;
 
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 PG_FUNCTION_INFO_V1(idempotency_stats_counters);
@@ -47,10 +45,8 @@ PG_FUNCTION_INFO_V1(idempotency_stats_reset);
 static void
 stats_shmem_request(void)
 {
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemStats)));
 }
 
@@ -84,12 +80,8 @@ idem_stats_init(void)
 {
 	if (!process_shared_preload_libraries_in_progress)
 		return;
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = stats_shmem_request;
-#else
-	stats_shmem_request();
-#endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = stats_shmem_startup;
 }

@@ -41,19 +41,15 @@ static int	n_pending_wakes = 0;
 static bool wake_all_at_commit = false;
 static bool xact_callback_registered = false;
 
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* Asks for the shared memory of the condition variables. */
 static void
 wait_shmem_request(void)
 {
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemWaitSlots)));
 }
 
@@ -80,12 +76,8 @@ idem_wait_init(void)
 {
 	if (!process_shared_preload_libraries_in_progress)
 		return;
-#ifdef IDEM_HAVE_SHMEM_REQUEST_HOOK
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = wait_shmem_request;
-#else
-	wait_shmem_request();
-#endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = wait_shmem_startup;
 }
