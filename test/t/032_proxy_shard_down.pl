@@ -82,7 +82,7 @@ set_partitions($c, partition_connstr($c, 0),
 	'host=127.0.0.1 port=' . $shards[1]->port . ' dbname=postgres');
 ok(reaches('acct_42'), 'the proxy reaches shard 1 directly');
 $shards[1]->stop('fast');
-like(failed_claim('acct_42'), qr/ERROR:  XX000: PL\/Proxy function idempotency._proxy_claim\(6\): .*connection to server at "127.0.0.1", port \d+ failed/,
+like(failed_claim('acct_42'), qr/ERROR:  XX000: PL\/Proxy function idempotency._proxy_claim\(7\): .*connection to server at "127.0.0.1", port \d+ failed/,
 	'connecting directly, a stopped shard is XX000 from PL/Proxy');
 ok(reaches(''), 'the other shard still answers');
 $shards[1]->start;
