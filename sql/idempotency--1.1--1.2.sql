@@ -44,6 +44,8 @@ BEGIN
 	  UNION ALL
 		SELECT pg_catalog.format('constraint %I', conname) FROM pg_catalog.pg_constraint
 		WHERE conrelid OPERATOR(pg_catalog.=) keys AND conname OPERATOR(pg_catalog.<>) 'keys_pkey'
+		  -- PG 18 keeps the columns' NOT NULL as constraints too: the new table has them
+		  AND contype OPERATOR(pg_catalog.<>) 'n'
 	  UNION ALL
 		SELECT pg_catalog.format('trigger %I', tgname) FROM pg_catalog.pg_trigger
 		WHERE tgrelid OPERATOR(pg_catalog.=) keys AND NOT tgisinternal
