@@ -97,25 +97,27 @@ SELECT NULL::bigint AS claims_new, NULL::bigint AS claims_replay,
 	NULL::text AS last_reap_error, NULL::bigint AS rows_total,
 	NULL::bigint AS rows_in_progress, NULL::timestamptz AS oldest_lease_expires_at;
 
+-- The NOT NULL constraints are named as in a fresh install: PG 18 keeps
+-- them in pg_constraint, named after the table they were made on.
 CREATE TABLE idempotency.keys_1_2 (
-	fence            bigint NOT NULL,
-	created_at       timestamptz NOT NULL,
-	expires_at       timestamptz NOT NULL,
-	attempt          integer NOT NULL,
-	owner            regrole NOT NULL,
+	fence            bigint CONSTRAINT keys_fence_not_null NOT NULL,
+	created_at       timestamptz CONSTRAINT keys_created_at_not_null NOT NULL,
+	expires_at       timestamptz CONSTRAINT keys_expires_at_not_null NOT NULL,
+	attempt          integer CONSTRAINT keys_attempt_not_null NOT NULL,
+	owner            regrole CONSTRAINT keys_owner_not_null NOT NULL,
 	lease            interval,
 	lease_expires_at timestamptz,
 	token            uuid,
 	completed_at     timestamptz,
 	status_code      integer,
-	state            idempotency.state NOT NULL,
+	state            idempotency.state CONSTRAINT keys_state_not_null NOT NULL,
 	headers          jsonb,
 	body             bytea,
 	recovery_point   text,
 	recovery_state   jsonb,
-	scope            text NOT NULL COLLATE pg_catalog."C",
-	key              text NOT NULL COLLATE pg_catalog."C",
-	fingerprint      bytea NOT NULL
+	scope            text CONSTRAINT keys_scope_not_null NOT NULL COLLATE pg_catalog."C",
+	key              text CONSTRAINT keys_key_not_null NOT NULL COLLATE pg_catalog."C",
+	fingerprint      bytea CONSTRAINT keys_fingerprint_not_null NOT NULL
 );
 INSERT INTO idempotency.keys_1_2 (fence, created_at, expires_at, attempt, owner, lease,
 	lease_expires_at, completed_at, status_code, state, headers, body, recovery_point,

@@ -151,6 +151,10 @@ FROM pg_depend d CROSS JOIN LATERAL pg_identify_object(d.classid, d.objid, 0) i
 WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
   AND (d.classid, d.objid) NOT IN (SELECT classid, objid FROM public.members_before)
+  -- a table's row type and its array (members from PG 17) go with the table
+  AND NOT EXISTS (SELECT FROM pg_type t WHERE d.classid = 'pg_type'::regclass AND t.oid = d.objid
+                  AND (t.typrelid <> 0 OR EXISTS (SELECT FROM pg_type e
+                                                  WHERE e.oid = t.typelem AND e.typrelid <> 0)))
   $uncommented
 ORDER BY 1})
 	];
