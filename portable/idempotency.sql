@@ -434,6 +434,7 @@ DECLARE
 	new_fence bigint;
 	won timestamptz;
 	saved_lock_timeout text;
+	wrote boolean;
 	nap float8 := 0.005;
 	inserts_failed int := 0;
 	tries int := 0;
@@ -556,7 +557,36 @@ BEGIN
 			ELSIF rec.lease_expires_at OPERATOR(pg_catalog.>) now THEN
 				IF p_token IS NOT NULL AND rec.token OPERATOR(pg_catalog.=) p_token
 				   AND rec.owner OPERATOR(pg_catalog.=) caller THEN
-					-- the same attempt asks again: the same answer (claims_resumed)
+					-- the same attempt asks again: the same answer (claims_resumed),
+					-- once a transaction writing the record (complete's, whose
+					-- answer was lost) has ended; with wait, at most until the
+					-- deadline.  A record it changed is read again.
+					saved_lock_timeout := current_setting('lock_timeout');
+					BEGIN
+						IF p_wait OPERATOR(pg_catalog.>) '0' AND (saved_lock_timeout OPERATOR(pg_catalog.=) '0'
+						   OR saved_lock_timeout::interval OPERATOR(pg_catalog.>) (deadline OPERATOR(pg_catalog.-) now)) THEN
+							PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
+								deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
+						END IF;
+						PERFORM FROM idempotency.keys k
+						WHERE k.key OPERATOR(pg_catalog.=) p_key
+						  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+						  AND k.owner OPERATOR(pg_catalog.=) caller
+						  AND k.fence OPERATOR(pg_catalog.=) rec.fence
+						  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+						FOR SHARE;
+						wrote := FOUND; -- before PERFORM sets FOUND again
+						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+					EXCEPTION WHEN lock_not_available THEN
+						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+						res.outcome := 'in_progress';
+						res.retry_after := 1;
+						RETURN res;
+					END;
+					IF NOT wrote THEN
+						now := clock_timestamp();
+						CONTINUE;
+					END IF;
 					res.outcome := 'new';
 					res.fence := rec.fence;
 					res.attempt := rec.attempt;
@@ -605,6 +635,7 @@ BEGIN
 						p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 						p_key, p_fp, p_token)
 					ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+					wrote := FOUND; -- before PERFORM sets FOUND again
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 				EXCEPTION WHEN lock_not_available THEN
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
@@ -619,8 +650,9 @@ BEGIN
 					p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 					p_key, p_fp, p_token)
 				ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+				wrote := FOUND;
 			END IF;
-			IF FOUND THEN
+			IF wrote THEN
 				res.outcome := 'new';
 				res.fence := new_fence;
 				res.attempt := 1;
