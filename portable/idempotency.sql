@@ -25,8 +25,9 @@
  * The atomic claim: a claim reads the record with a fresh snapshot and
  * decides in the design's order; only `new` writes, with one conditional
  * write whose own WHERE clause (or the primary key, for INSERT ... ON
- * CONFLICT DO NOTHING) settles any race, waiting as PostgreSQL does for a
- * transaction writing the same record.  A write that a concurrent
+ * CONFLICT ON CONSTRAINT keys_pkey DO NOTHING) settles any race, waiting as
+ * PostgreSQL does for a transaction writing the same record; any other
+ * unique or exclusion constraint raises its own error (23505, 23P01).  A write that a concurrent
  * transaction made moot sends the claim round again.
  */
 
@@ -433,10 +434,22 @@ DECLARE
 	new_fence bigint;
 	won timestamptz;
 	saved_lock_timeout text;
+	wrote boolean;
 	nap float8 := 0.005;
 	inserts_failed int := 0;
 	tries int := 0;
 BEGIN
+	-- FORCE ROW LEVEL SECURITY binds the table's owner, as whom the API is
+	-- meant to run; these functions run as their own owner, whom the policies
+	-- may not bind (a superuser): refused, as the C edition refuses it,
+	-- rather than read and write past the policies.
+	IF EXISTS (SELECT FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
+			   AND r.relrowsecurity AND r.relforcerowsecurity) THEN
+		RAISE EXCEPTION 'row-level security of idempotency.keys applies to its owner, as whom the API runs'
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'The API reads its records without the policies that would hide them.',
+				  HINT = 'Use ALTER TABLE idempotency.keys NO FORCE ROW LEVEL SECURITY.';
+	END IF;
 	-- The arguments' checks, in the C edition's order: one expression finds
 	-- them all in order, the helpers say which failed.
 	IF p_key IS NULL OR octet_length(p_key) OPERATOR(pg_catalog.>) 255 OR p_key OPERATOR(pg_catalog.=) ''
@@ -544,7 +557,36 @@ BEGIN
 			ELSIF rec.lease_expires_at OPERATOR(pg_catalog.>) now THEN
 				IF p_token IS NOT NULL AND rec.token OPERATOR(pg_catalog.=) p_token
 				   AND rec.owner OPERATOR(pg_catalog.=) caller THEN
-					-- the same attempt asks again: the same answer (claims_resumed)
+					-- the same attempt asks again: the same answer (claims_resumed),
+					-- once a transaction writing the record (complete's, whose
+					-- answer was lost) has ended; with wait, at most until the
+					-- deadline.  A record it changed is read again.
+					saved_lock_timeout := current_setting('lock_timeout');
+					BEGIN
+						IF p_wait OPERATOR(pg_catalog.>) '0' AND (saved_lock_timeout OPERATOR(pg_catalog.=) '0'
+						   OR saved_lock_timeout::interval OPERATOR(pg_catalog.>) (deadline OPERATOR(pg_catalog.-) now)) THEN
+							PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
+								deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
+						END IF;
+						PERFORM FROM idempotency.keys k
+						WHERE k.key OPERATOR(pg_catalog.=) p_key
+						  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+						  AND k.owner OPERATOR(pg_catalog.=) caller
+						  AND k.fence OPERATOR(pg_catalog.=) rec.fence
+						  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+						FOR SHARE;
+						wrote := FOUND; -- before PERFORM sets FOUND again
+						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+					EXCEPTION WHEN lock_not_available THEN
+						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+						res.outcome := 'in_progress';
+						res.retry_after := 1;
+						RETURN res;
+					END;
+					IF NOT wrote THEN
+						now := clock_timestamp();
+						CONTINUE;
+					END IF;
 					res.outcome := 'new';
 					res.fence := rec.fence;
 					res.attempt := rec.attempt;
@@ -592,7 +634,8 @@ BEGIN
 					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
 						p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 						p_key, p_fp, p_token)
-					ON CONFLICT DO NOTHING;
+					ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+					wrote := FOUND; -- before PERFORM sets FOUND again
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 				EXCEPTION WHEN lock_not_available THEN
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
@@ -606,9 +649,10 @@ BEGIN
 				VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
 					p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 					p_key, p_fp, p_token)
-				ON CONFLICT DO NOTHING;
+				ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+				wrote := FOUND;
 			END IF;
-			IF FOUND THEN
+			IF wrote THEN
 				res.outcome := 'new';
 				res.fence := new_fence;
 				res.attempt := 1;
@@ -736,6 +780,8 @@ BEGIN
 	   OR COALESCE(current_setting('idempotency.retention', true), '1d') OPERATOR(pg_catalog.<>) '1d'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
 	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+	   OR EXISTS (SELECT FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
+				  AND r.relrowsecurity AND r.relforcerowsecurity)
 	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
 							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
 		   AND NOT pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
@@ -768,7 +814,7 @@ BEGIN
 			rec.caller, '60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
 			rec.scope, claim.key, claim.fingerprint, claim.token
 		FROM (SELECT clock_timestamp() AS now) t
-		ON CONFLICT DO NOTHING
+		ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
 		RETURNING k.fence, k.created_at INTO new_fence, new_created_at;
 		IF new_fence IS NOT NULL THEN
 			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, new_created_at)::idempotency.claim_result;
