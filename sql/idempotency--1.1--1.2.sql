@@ -231,27 +231,28 @@ BEGIN
 		-- storage parameters, as the WITH list of the object they are set on
 		SELECT target, pg_catalog.string_agg(pg_catalog.format('%s%I = %L', prefix,
 				   pg_catalog.split_part(o, '=', 1),
-				   pg_catalog.substr(o, pg_catalog.strpos(o, '=') OPERATOR(pg_catalog.+) 1)), ', ') AS list
+				   pg_catalog.substr(o, pg_catalog.strpos(o, '=') OPERATOR(pg_catalog.+) 1)), ', '
+				   ORDER BY prefix, n) AS list
 		FROM (
-			SELECT 'table' AS target, '' AS prefix, o
-			FROM pg_catalog.pg_class c, pg_catalog.unnest(c.reloptions) o
+			SELECT 'table' AS target, '' AS prefix, o, n
+			FROM pg_catalog.pg_class c, pg_catalog.unnest(c.reloptions) WITH ORDINALITY u(o, n)
 			WHERE c.oid OPERATOR(pg_catalog.=) old_keys
 		  UNION ALL
-			SELECT 'table', 'toast.', o
+			SELECT 'table', 'toast.', o, n
 			FROM pg_catalog.pg_class c
 			JOIN pg_catalog.pg_class t ON t.oid OPERATOR(pg_catalog.=) c.reltoastrelid,
-			pg_catalog.unnest(t.reloptions) o
+			pg_catalog.unnest(t.reloptions) WITH ORDINALITY u(o, n)
 			WHERE c.oid OPERATOR(pg_catalog.=) old_keys
 		  UNION ALL
-			SELECT i.relname::text, '', o
+			SELECT i.relname::text, '', o, n
 			FROM pg_catalog.pg_index x
 			JOIN pg_catalog.pg_class i ON i.oid OPERATOR(pg_catalog.=) x.indexrelid,
-			pg_catalog.unnest(i.reloptions) o
+			pg_catalog.unnest(i.reloptions) WITH ORDINALITY u(o, n)
 			WHERE x.indrelid OPERATOR(pg_catalog.=) old_keys
 		  UNION ALL
 			-- (Debian's 15.20 keeps a pg_attver of its own among them)
-			SELECT a.attname::text, '', o
-			FROM pg_catalog.pg_attribute a, pg_catalog.unnest(a.attoptions) o
+			SELECT a.attname::text, '', o, n
+			FROM pg_catalog.pg_attribute a, pg_catalog.unnest(a.attoptions) WITH ORDINALITY u(o, n)
 			WHERE a.attrelid OPERATOR(pg_catalog.=) old_keys AND a.attnum OPERATOR(pg_catalog.>) 0
 			  AND NOT pg_catalog.starts_with(o, 'pg_attver=')
 		) each_option
