@@ -269,24 +269,26 @@ BEGIN
 		LEFT JOIN options w ON w.target OPERATOR(pg_catalog.=) i.relname
 		WHERE x.indrelid OPERATOR(pg_catalog.=) old_keys
 	), statements AS (
-		SELECT true AS before, pg_catalog.format('ALTER TABLE idempotency.keys_1_2 SET TABLESPACE %I', s.spcname) AS statement
+		-- in the order they run (step)
+		SELECT true AS before, 1 AS step,
+			pg_catalog.format('ALTER TABLE idempotency.keys_1_2 SET TABLESPACE %I', s.spcname) AS statement
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_tablespace s ON s.oid OPERATOR(pg_catalog.=) c.reltablespace
 		WHERE c.oid OPERATOR(pg_catalog.=) old_keys
 	  UNION ALL
-		SELECT true, 'ALTER TABLE idempotency.keys_1_2 SET UNLOGGED' FROM pg_catalog.pg_class
+		SELECT true, 2, 'ALTER TABLE idempotency.keys_1_2 SET UNLOGGED' FROM pg_catalog.pg_class
 		WHERE oid OPERATOR(pg_catalog.=) old_keys AND relpersistence OPERATOR(pg_catalog.=) 'u'
 	  UNION ALL
-		SELECT true, pg_catalog.format('ALTER TABLE idempotency.keys_1_2 SET ACCESS METHOD %I', am.amname)
+		SELECT true, 3, pg_catalog.format('ALTER TABLE idempotency.keys_1_2 SET ACCESS METHOD %I', am.amname)
 		FROM pg_catalog.pg_class o
 		JOIN pg_catalog.pg_class n ON n.oid OPERATOR(pg_catalog.=) new_keys
 		JOIN pg_catalog.pg_am am ON am.oid OPERATOR(pg_catalog.=) o.relam
 		WHERE o.oid OPERATOR(pg_catalog.=) old_keys AND o.relam OPERATOR(pg_catalog.<>) n.relam
 	  UNION ALL
-		SELECT true, pg_catalog.format('ALTER TABLE idempotency.keys_1_2 SET (%s)', list)
+		SELECT true, 4, pg_catalog.format('ALTER TABLE idempotency.keys_1_2 SET (%s)', list)
 		FROM options WHERE target OPERATOR(pg_catalog.=) 'table'
 	  UNION ALL
 		-- the columns' settings, where they differ from a fresh install's
-		SELECT true, pg_catalog.format('ALTER TABLE idempotency.keys_1_2 ALTER COLUMN %I %s', o.attname, c.action)
+		SELECT true, 5, pg_catalog.format('ALTER TABLE idempotency.keys_1_2 ALTER COLUMN %I %s', o.attname, c.action)
 		FROM pg_catalog.pg_attribute o
 		JOIN pg_catalog.pg_attribute n ON n.attrelid OPERATOR(pg_catalog.=) new_keys
 			AND n.attname OPERATOR(pg_catalog.=) o.attname
@@ -307,12 +309,12 @@ BEGIN
 		  AND NOT o.attisdropped AND c.differs
 	  UNION ALL
 		-- comments: the table's where a DBA changed it, the columns'
-		SELECT true, pg_catalog.format('COMMENT ON TABLE idempotency.keys_1_2 IS %L',
+		SELECT true, 6, pg_catalog.format('COMMENT ON TABLE idempotency.keys_1_2 IS %L',
 									   pg_catalog.obj_description(old_keys, 'pg_class'))
 		WHERE coalesce(pg_catalog.obj_description(old_keys, 'pg_class')
 					   OPERATOR(pg_catalog.<>) pg_catalog.obj_description(new_keys, 'pg_class'), true)
 	  UNION ALL
-		SELECT true, pg_catalog.format('COMMENT ON COLUMN idempotency.keys_1_2.%I IS %L', a.attname, d.description)
+		SELECT true, 7, pg_catalog.format('COMMENT ON COLUMN idempotency.keys_1_2.%I IS %L', a.attname, d.description)
 		FROM pg_catalog.pg_description d
 		JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) d.objoid
 			AND a.attnum OPERATOR(pg_catalog.=) d.objsubid
@@ -320,25 +322,25 @@ BEGIN
 		  AND d.objsubid OPERATOR(pg_catalog.>) 0
 	  UNION ALL
 		-- the indexes' comments, and the primary key constraint's
-		SELECT false, pg_catalog.format('COMMENT ON INDEX idempotency.%I IS %L', i.relname, d.description)
+		SELECT false, 8, pg_catalog.format('COMMENT ON INDEX idempotency.%I IS %L', i.relname, d.description)
 		FROM pg_catalog.pg_index x
 		JOIN pg_catalog.pg_class i ON i.oid OPERATOR(pg_catalog.=) x.indexrelid
 		JOIN pg_catalog.pg_description d ON d.classoid OPERATOR(pg_catalog.=) pg_class_id
 			AND d.objoid OPERATOR(pg_catalog.=) i.oid
 		WHERE x.indrelid OPERATOR(pg_catalog.=) old_keys
 	  UNION ALL
-		SELECT false, pg_catalog.format('COMMENT ON CONSTRAINT %I ON idempotency.keys IS %L', k.conname, d.description)
+		SELECT false, 9, pg_catalog.format('COMMENT ON CONSTRAINT %I ON idempotency.keys IS %L', k.conname, d.description)
 		FROM pg_catalog.pg_constraint k
 		JOIN pg_catalog.pg_description d
 			ON d.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_constraint'::pg_catalog.regclass
 			AND d.objoid OPERATOR(pg_catalog.=) k.oid
 		WHERE k.conrelid OPERATOR(pg_catalog.=) old_keys AND k.conname OPERATOR(pg_catalog.=) 'keys_pkey'
 	  UNION ALL
-		SELECT false, pg_catalog.format('ALTER TABLE idempotency.keys CLUSTER ON %I', i.relname)
+		SELECT false, 10, pg_catalog.format('ALTER TABLE idempotency.keys CLUSTER ON %I', i.relname)
 		FROM pg_catalog.pg_index x JOIN pg_catalog.pg_class i ON i.oid OPERATOR(pg_catalog.=) x.indexrelid
 		WHERE x.indrelid OPERATOR(pg_catalog.=) old_keys AND x.indisclustered
 	  UNION ALL
-		SELECT false, pg_catalog.format('ALTER TABLE idempotency.keys REPLICA IDENTITY %s',
+		SELECT false, 11, pg_catalog.format('ALTER TABLE idempotency.keys REPLICA IDENTITY %s',
 			CASE WHEN c.relreplident OPERATOR(pg_catalog.=) 'f' THEN 'FULL'
 				 WHEN c.relreplident OPERATOR(pg_catalog.=) 'n' THEN 'NOTHING'
 				 ELSE pg_catalog.format('USING INDEX %I',
@@ -350,7 +352,7 @@ BEGIN
 	  UNION ALL
 		-- statistics objects: made again (the same definition and name), with
 		-- their owner, target and comment
-		SELECT false, s.statement
+		SELECT false, 12 OPERATOR(pg_catalog.+) s.step, s.statement
 		FROM pg_catalog.pg_statistic_ext x
 		CROSS JOIN LATERAL (SELECT (pg_catalog.pg_identify_object(
 			'pg_catalog.pg_statistic_ext'::pg_catalog.regclass, x.oid, 0)).identity AS name) n
@@ -367,13 +369,13 @@ BEGIN
 			   OR pg_catalog.obj_description(x.oid, 'pg_statistic_ext') IS NOT NULL)
 	  UNION ALL
 		-- last, the owner: the role a DBA gave the table to
-		SELECT false, pg_catalog.format('ALTER TABLE idempotency.keys OWNER TO %I',
+		SELECT false, 20, pg_catalog.format('ALTER TABLE idempotency.keys OWNER TO %I',
 										pg_catalog.pg_get_userbyid(o.relowner))
 		FROM pg_catalog.pg_class o JOIN pg_catalog.pg_class n ON n.oid OPERATOR(pg_catalog.=) new_keys
 		WHERE o.oid OPERATOR(pg_catalog.=) old_keys AND o.relowner OPERATOR(pg_catalog.<>) n.relowner
 	)
-	SELECT pg_catalog.array_agg(s.statement) FILTER (WHERE s.before),
-		   pg_catalog.array_agg(s.statement) FILTER (WHERE NOT s.before),
+	SELECT pg_catalog.array_agg(s.statement ORDER BY s.step) FILTER (WHERE s.before),
+		   pg_catalog.array_agg(s.statement ORDER BY s.step) FILTER (WHERE NOT s.before),
 		   (SELECT clauses FROM index_clauses WHERE relname OPERATOR(pg_catalog.=) 'keys_pkey'),
 		   (SELECT clauses FROM index_clauses WHERE relname OPERATOR(pg_catalog.=) 'keys_expiry_second_idx')
 	INTO before_copy, after_indexes, pkey_clauses, expiry_clauses
