@@ -208,8 +208,8 @@ SELECT NULL::bigint AS claims_new, NULL::bigint AS claims_replay,
 -- The copy, and what a DBA set on the old table, made again on the new one:
 -- the owner, storage parameters (of the table, its TOAST table and its two
 -- indexes), tablespaces, UNLOGGED, the access method, the columns'
--- storage, compression, statistics target and options, statistics objects,
--- the CLUSTER mark, the replica identity and comments.  A clean table runs
+-- storage, compression, statistics target and options, the statistics
+-- target of an index's expression, statistics objects, the CLUSTER mark, the replica identity and comments.  A clean table runs
 -- none of it, and so ends as a fresh install's.  The statements are made
 -- with search_path = pg_catalog, pg_temp, so that the names in them are
 -- qualified where they have to be.
@@ -336,6 +336,15 @@ BEGIN
 			AND d.objoid OPERATOR(pg_catalog.=) k.oid
 		WHERE k.conrelid OPERATOR(pg_catalog.=) old_keys AND k.conname OPERATOR(pg_catalog.=) 'keys_pkey'
 	  UNION ALL
+		-- the statistics target of an index's expression column
+		SELECT false, 10, pg_catalog.format('ALTER INDEX idempotency.%I ALTER COLUMN %s SET STATISTICS %s',
+											i.relname, a.attnum, a.attstattarget)
+		FROM pg_catalog.pg_index x
+		JOIN pg_catalog.pg_class i ON i.oid OPERATOR(pg_catalog.=) x.indexrelid
+		JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.oid
+		WHERE x.indrelid OPERATOR(pg_catalog.=) old_keys AND a.attnum OPERATOR(pg_catalog.>) 0
+		  AND x.indkey[a.attnum OPERATOR(pg_catalog.-) 1] OPERATOR(pg_catalog.=) 0
+		  AND coalesce(a.attstattarget::integer, '-1') OPERATOR(pg_catalog.<>) '-1'	  UNION ALL
 		SELECT false, 10, pg_catalog.format('ALTER TABLE idempotency.keys CLUSTER ON %I', i.relname)
 		FROM pg_catalog.pg_index x JOIN pg_catalog.pg_class i ON i.oid OPERATOR(pg_catalog.=) x.indexrelid
 		WHERE x.indrelid OPERATOR(pg_catalog.=) old_keys AND x.indisclustered

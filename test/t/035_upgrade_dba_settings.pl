@@ -1,11 +1,12 @@
 # The update from 1.1 to 1.2 makes idempotency.keys again.  What a DBA set
 # on the table comes along (owner, reloptions of the table, its TOAST table
 # and its indexes, tablespaces, columns' storage, compression, statistics
-# target and options, statistics objects, the CLUSTER mark, the replica
-# identity, UNLOGGED, comments); what it cannot carry (a view or another
-# object that depends on the table, inheritance, partitioning, column
-# privileges, a column's changed type, default or NOT NULL, a sequence owned
-# by a column) makes it refuse with 55000, naming each, and change nothing.
+# target and options, an index expression's statistics target, statistics
+# objects, the CLUSTER mark, the replica identity, UNLOGGED, comments); what
+# it cannot carry (a view or another object that depends on the table,
+# inheritance, partitioning, column privileges, a column's changed type,
+# default or NOT NULL, a sequence owned by a column, row-level security)
+# makes it refuse with 55000, naming each, and change nothing.
 
 use strict;
 use warnings FATAL => 'all';
@@ -79,6 +80,10 @@ my @settings = (
 		# (Debian's 15.20 adds an option pg_attver of its own)
 		q{SELECT array_agg(o) FROM pg_attribute, unnest(attoptions) o
 		  WHERE attrelid = 'idempotency.keys'::regclass AND attname = 'scope' AND o NOT LIKE 'pg_attver=%'} ],
+	[ 'the statistics target of the expiry index\'s expression',
+		'ALTER INDEX idempotency.keys_expiry_second_idx ALTER COLUMN 1 SET STATISTICS 400',
+		q{SELECT attstattarget FROM pg_attribute
+		  WHERE attrelid = 'idempotency.keys_expiry_second_idx'::regclass AND attnum = 1} ],
 	[ 'a statistics object, its owner, target and comment',
 		q{CREATE STATISTICS public.keys_scope_owner (ndistinct, dependencies) ON scope, owner FROM idempotency.keys;
 		  ALTER STATISTICS public.keys_scope_owner OWNER TO stats_keeper;
@@ -203,6 +208,7 @@ ALTER TABLE idempotency.keys INHERIT public.keys_parent;
 GRANT SELECT (scope, key) ON idempotency.keys TO reader;
 CREATE SEQUENCE idempotency.keys_serial OWNED BY idempotency.keys.attempt;
 ALTER TABLE idempotency.keys ADD CONSTRAINT attempt_positive CHECK (attempt > 0);
+ALTER TABLE idempotency.keys FORCE ROW LEVEL SECURITY;
 },
 	'view public.open_keys depending on it',
 	'orders_key_scope_owner_fkey',
@@ -214,7 +220,8 @@ ALTER TABLE idempotency.keys ADD CONSTRAINT attempt_positive CHECK (attempt > 0)
 	'default of column lease',
 	'NOT NULL on column recovery_point',
 	'sequence idempotency.keys_serial',
-	'constraint attempt_positive');
+	'constraint attempt_positive',
+	'row-level security');
 
 check_refused(
 	'refused_partition', q{
