@@ -25,15 +25,25 @@ idempotency.reaper_naptime = '1h'
 $primary->start;
 $primary->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 
-$primary->backup('base');
-my $standby = PostgreSQL::Test::Cluster->new('standby');
-$standby->init_from_backup($primary, 'base', has_streaming => 1);
-$standby->start;
-$primary->append_conf('postgresql.conf', "synchronous_standby_names = '*'");
-$primary->reload;
-$primary->poll_query_until('postgres',
-	q{SELECT count(*) = 1 FROM pg_stat_replication WHERE sync_state = 'sync'})
-  or die 'the standby never became synchronous';
+# Makes a streaming standby named $name of $primary, and makes it the
+# synchronous one (only once it streams: until then commits would wait).
+sub synchronous_standby
+{
+	my ($primary, $name) = @_;
+	my $standby = PostgreSQL::Test::Cluster->new($name);
+
+	$primary->backup("base_$name");
+	$standby->init_from_backup($primary, "base_$name", has_streaming => 1);
+	$standby->start;
+	$primary->append_conf('postgresql.conf', "synchronous_standby_names = '*'");
+	$primary->reload;
+	$primary->poll_query_until('postgres',
+		q{SELECT count(*) = 1 FROM pg_stat_replication WHERE sync_state = 'sync'})
+	  or die "standby $name never became synchronous";
+	return $standby;
+}
+
+my $standby = synchronous_standby($primary, 'standby');
 
 # Earlier claims, replicated synchronously.
 my $fence_before = $primary->safe_psql('postgres',
@@ -106,15 +116,7 @@ is( $standby->safe_psql('postgres',
 
 # A claim's wait for the standby ends on cancel (here statement_timeout),
 # and the claim fails rather than hand out a fence the standby may not have.
-my $new_standby = PostgreSQL::Test::Cluster->new('standby2');
-$standby->backup('base2');
-$new_standby->init_from_backup($standby, 'base2', has_streaming => 1);
-$new_standby->start;
-$standby->append_conf('postgresql.conf', "synchronous_standby_names = '*'");
-$standby->reload;
-$standby->poll_query_until('postgres',
-	q{SELECT count(*) = 1 FROM pg_stat_replication WHERE sync_state = 'sync'})
-  or die 'the new standby never became synchronous';
+my $new_standby = synchronous_standby($standby, 'standby2');
 $standby->safe_psql('postgres', $use_up_batch);
 is($standby->safe_psql('postgres', 'SELECT log_cnt FROM idempotency.fence_seq'),
 	'0', 'the new primary\'s fence sequence is at the end of its logged batch');
