@@ -803,6 +803,8 @@ idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence
  * end the wait (SyncRepWaitForLSN warns) and then fail the claim, since its
  * fence may be unknown to a standby that is promoted; terminate ends the
  * backend.  Without synchronous standbys configured it returns at once.
+ * (Should they have just been removed, a claim waiting meanwhile is
+ * released unconfirmed and fails once; its retry does not wait.)
  */
 static void
 wait_for_sync_standbys(XLogRecPtr lsn)
@@ -811,7 +813,12 @@ wait_for_sync_standbys(XLogRecPtr lsn)
 	int			mode;
 	bool		reached;
 
-	if (lsn <= confirmed || !SyncRepRequested())
+	/*
+	 * This backend's synchronous_standby_names, as of its last reload, tells
+	 * whether there is anything to wait for: no SyncRepLock is taken then.
+	 */
+	if (lsn <= confirmed || !SyncRepRequested() ||
+		SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0')
 		return;
 
 	/* SyncRepWaitForLSN handles interrupts itself, as during a commit. */
@@ -828,7 +835,7 @@ wait_for_sync_standbys(XLogRecPtr lsn)
 	LWLockRelease(SyncRepLock);
 	if (reached)
 		confirmed = lsn;
-	else if (SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
+	else
 		ereport(ERROR,
 				(errcode(ERRCODE_QUERY_CANCELED),
 				 errmsg("canceling claim before its fence reached the synchronous standby"),
