@@ -48,6 +48,9 @@
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "parser/parse_relation.h"
+#include "replication/syncrep.h"
+#include "replication/walsender.h"
+#include "replication/walsender_private.h"
 #include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
@@ -793,15 +796,64 @@ idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence
 }
 
 /*
+ * Waits until the synchronous standbys have the WAL up to lsn, when
+ * synchronous replication is in force, as a commit waits for its record.
+ * Only a claim that drew a new batch of the fence sequence gets here with an
+ * lsn not yet confirmed: one wait per 32 fences.  Cancel and statement_timeout
+ * end the wait (SyncRepWaitForLSN warns) and then fail the claim, since its
+ * fence may be unknown to a standby that is promoted; terminate ends the
+ * backend.  Without synchronous standbys configured it returns at once.
+ * (Should they have just been removed, a claim waiting meanwhile is
+ * released unconfirmed and fails once; its retry does not wait.)
+ */
+static void
+wait_for_sync_standbys(XLogRecPtr lsn)
+{
+	static XLogRecPtr confirmed = InvalidXLogRecPtr;
+	int			mode;
+	bool		reached;
+
+	/*
+	 * This backend's synchronous_standby_names, as of its last reload, tells
+	 * whether there is anything to wait for: no SyncRepLock is taken then.
+	 */
+	if (lsn <= confirmed || !SyncRepRequested() ||
+		SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0')
+		return;
+
+	/* SyncRepWaitForLSN handles interrupts itself, as during a commit. */
+	HOLD_INTERRUPTS();
+	SyncRepWaitForLSN(lsn, false);
+	RESUME_INTERRUPTS();
+	CHECK_FOR_INTERRUPTS();
+
+	/* A wait that is not capped to remote_write waits for remote_flush. */
+	mode = synchronous_commit == SYNCHRONOUS_COMMIT_REMOTE_WRITE ?
+		SYNC_REP_WAIT_WRITE : SYNC_REP_WAIT_FLUSH;
+	LWLockAcquire(SyncRepLock, LW_SHARED);
+	reached = lsn <= WalSndCtl->lsn[mode];
+	LWLockRelease(SyncRepLock);
+	if (reached)
+		confirmed = lsn;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_QUERY_CANCELED),
+				 errmsg("canceling claim before its fence reached the synchronous standby"),
+				 errdetail("A fence is handed out only once the synchronous standbys have it, so that a promoted standby cannot hand it out again.")));
+}
+
+/*
  * Makes the fence just handed out durable before anyone sees it.
  *
  * A sequence is WAL-logged once per 32 values, and that record is flushed
  * only by some later commit.  Should the server crash before then, the
  * sequence would restart below a fence already given to a client whose claim
  * never committed, and hand that fence out again: the old client's complete
- * would then succeed on the new owner's claim.  Flushing up to the sequence
- * page's LSN costs nothing when that record is already on disk (31 claims in
- * 32), and one WAL flush otherwise.  Call it after idem_call_end.
+ * would then succeed on the new owner's claim.  The same holds for a
+ * synchronous standby that is promoted without that record, so the claim
+ * also waits for the synchronous standbys to have it.  Flushing up to the
+ * sequence page's LSN costs nothing when that record is already on disk (31
+ * claims in 32), and one WAL flush otherwise.  Call it after idem_call_end.
  */
 void
 idem_keys_flush_fence(void)
@@ -815,6 +867,7 @@ idem_keys_flush_fence(void)
 	UnlockReleaseBuffer(buf);
 	relation_close(seqrel, AccessShareLock);
 	XLogFlush(lsn);
+	wait_for_sync_standbys(lsn);
 }
 
 /* Deletes the claim if this fence owns it and the caller sees it. */

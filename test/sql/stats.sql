@@ -23,10 +23,56 @@ ROLLBACK;
 SELECT claims_new, claims_replay, claims_in_progress, claims_mismatch, takeovers,
        completes_stored, completes_released, releases, fence_rejections
 FROM idempotency.stats;
--- the live figures count the table
+-- the live figures: rows_in_progress and oldest_lease_expires_at exact,
+-- rows_total the cumulative statistics' estimate (exact here once this
+-- session's statistics are flushed, as nothing else writes)
+SELECT pg_stat_force_next_flush();
 SELECT s.rows_total = (SELECT count(*) FROM idempotency.keys) AS rows_total_ok,
        s.rows_in_progress = (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress') AS in_progress_ok,
        s.rows_in_progress > 0 AS some_in_progress,
        s.oldest_lease_expires_at = (SELECT min(lease_expires_at) FROM idempotency.keys
                                     WHERE state = 'in_progress') AS oldest_ok
 FROM idempotency.stats s;
+SELECT col.description
+FROM pg_attribute a JOIN pg_description col
+  ON col.objoid = a.attrelid AND col.objsubid = a.attnum
+WHERE a.attrelid = 'idempotency.stats'::regclass AND a.attname = 'rows_total';
+
+-- reading the statistics does not scan the records
+SELECT pg_stat_force_next_flush();
+SELECT seq_scan AS scans_before FROM pg_stat_user_tables
+WHERE relid = 'idempotency.keys'::regclass \gset
+SELECT rows_in_progress >= 0 AS read FROM idempotency.stats;
+SELECT rows_in_progress >= 0 AS read FROM idempotency.stats;
+SELECT pg_stat_force_next_flush();
+SELECT seq_scan = :scans_before AS no_scan FROM pg_stat_user_tables
+WHERE relid = 'idempotency.keys'::regclass;
+
+-- in_flight: the records in progress, oldest first; for pg_monitor only
+SELECT fence AS i1 FROM idempotency.claim('st-fl-1', '\x01', scope => 'acct', lease => '1h') \gset
+SELECT fence AS i2 FROM idempotency.claim('st-fl-2', '\x01', lease => '2h') \gset
+SELECT idempotency.checkpoint('st-fl-1', :i1, 'charged', scope => 'acct');
+SELECT scope, key, owner, attempt, claimed_at <= now() AS claimed_ok,
+       lease_expires_at > now() AS live, recovery_point, writing
+FROM idempotency.in_flight WHERE key LIKE 'st-fl-%';
+SELECT (SELECT count(*) FROM idempotency.in_flight) =
+       (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress') AS all_listed;
+SELECT bool_and(a.claimed_at <= b.claimed_at) AS oldest_first
+FROM (SELECT claimed_at, row_number() OVER () AS n FROM idempotency.in_flight) a
+JOIN (SELECT claimed_at, row_number() OVER () AS n FROM idempotency.in_flight) b ON b.n = a.n + 1;
+SELECT idempotency.complete('st-fl-1', :i1, 200, scope => 'acct');
+SELECT idempotency.release('st-fl-2', :i2);
+SELECT count(*) FROM idempotency.in_flight WHERE key LIKE 'st-fl-%';
+CREATE ROLE idem_stats_app;
+CREATE ROLE idem_stats_monitor IN ROLE pg_monitor;
+GRANT USAGE ON SCHEMA idempotency TO idem_stats_app;
+SET ROLE idem_stats_monitor;
+SELECT count(*) >= 0 AS monitor_reads FROM idempotency.in_flight;
+SET ROLE idem_stats_app;
+\set VERBOSITY sqlstate
+SELECT * FROM idempotency.in_flight;
+SELECT * FROM idempotency._stats_live();
+\set VERBOSITY default
+RESET ROLE;
+REVOKE USAGE ON SCHEMA idempotency FROM idem_stats_app;
+DROP ROLE idem_stats_app, idem_stats_monitor;

@@ -6,7 +6,8 @@
 # install script of its own.  Records written under A survive the update
 # (columns the update adds are NULL) and still replay; fences keep growing.
 # Every object a step adds has a comment.  A session that ran claims before
-# the update to 1.2 writes tokens after it.
+# the update to 1.2 writes tokens after it.  From 1.3, records in progress
+# before the update are in idempotency.in_flight and counted by stats.
 
 use strict;
 use warnings FATAL => 'all';
@@ -267,6 +268,23 @@ SELECT fence FROM idempotency.claim('done', '\x0a', 'acct_1');
 			"SELECT outcome, status_code, body, headers FROM idempotency.claim('done', '\\x0a', 'acct_1')"),
 		"replay|201|\\x00ff0d0a|{\"Content-Type\": \"application/octet-stream\"}",
 		"$from -> $to: a completed record replays after the update");
+	# From 1.3 the records in progress are indexed: those written before
+	# the update are in it.
+	if ($to ge '1.3')
+	{
+		is( $node->safe_psql(
+				$up,
+				"SELECT string_agg(scope || '/' || key || ' ' || attempt, ',') FROM idempotency.in_flight "
+				  . "WHERE key = 'open'"),
+			'acct_2/open 1',
+			"$from -> $to: in_flight lists the record in progress from before the update");
+		is( $node->safe_psql(
+				$up,
+				"SELECT s.rows_in_progress = (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress') "
+				  . "FROM idempotency.stats s"),
+			't',
+			"$from -> $to: stats counts the records in progress from before the update");
+	}
 	is( $node->safe_psql(
 			$up, "SELECT idempotency.complete('open', $open_fence, 200, 'ok', scope => 'acct_2')"),
 		'stored',

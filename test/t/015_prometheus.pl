@@ -1,0 +1,123 @@
+# The metrics of idempotency.stats through Debian's prometheus-postgres-exporter
+# and the queries file the repository ships (contrib/prometheus/queries.yaml):
+# the exporter, listening on 127.0.0.1 and connected as a role that has only
+# pg_monitor, serves every metric with its type, and the values are those of
+# the view.  Skipped, saying why, where the exporter is not installed.
+
+use strict;
+use warnings FATAL => 'all';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemCrash;
+use HTTP::Tiny;
+use IPC::Run;
+use Time::HiRes qw(usleep);
+
+my $exporter = '/usr/bin/prometheus-postgres-exporter';
+plan skip_all => "$exporter is not installed (Debian package prometheus-postgres-exporter)"
+  unless -x $exporter;
+my $queries = "$FindBin::RealBin/../../contrib/prometheus/queries.yaml";
+
+my $node = idem_node('prometheus');
+$node->append_conf('postgresql.conf', "idempotency.reaper_naptime = '1h'");
+idem_start($node);
+$node->safe_psql('postgres', q{
+	CREATE EXTENSION idempotency;
+	CREATE ROLE idem_exporter LOGIN IN ROLE pg_monitor;
+	SELECT idempotency.stats_reset();
+});
+
+# Something to count: two new claims, a replay, a mismatch, an in_progress,
+# a fence rejection; one record left in progress.
+my $f1 = $node->safe_psql('postgres', q{SELECT fence FROM idempotency.claim('m1', '\x01')});
+$node->safe_psql('postgres', "SELECT idempotency.complete('m1', $f1, 201)");
+$node->safe_psql('postgres', q{SELECT idempotency.claim('m1', '\x01')});
+$node->safe_psql('postgres', q{SELECT idempotency.claim('m1', '\x02')});
+my $f2 = $node->safe_psql('postgres',
+	q{SELECT fence FROM idempotency.claim('m2', '\x01', lease => '1h')});
+$node->safe_psql('postgres', q{SELECT idempotency.claim('m2', '\x01')});
+is(idem_sqlstate($node, "SELECT idempotency.complete('m2', $f2 - 1, 200)"),
+	'IK001', 'a stale fence is refused');
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my ($out, $err) = ('', '');
+my $dsn = sprintf('host=%s port=%d user=idem_exporter dbname=postgres sslmode=disable',
+	$node->host, $node->port);
+local $ENV{DATA_SOURCE_NAME} = $dsn;
+my $h = IPC::Run::start(
+	[
+		$exporter, "--extend.query-path=$queries",
+		'--disable-default-metrics', '--disable-settings-metrics',
+		"--web.listen-address=127.0.0.1:$port", '--log.level=warn'
+	],
+	'>', \$out, '2>', \$err);
+
+# Scrapes until the exporter answers with our metrics (it takes a moment to
+# listen), within the suite's timeout.
+my $http = HTTP::Tiny->new(timeout => 10);
+my $body = '';
+my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
+while (time() < $deadline)
+{
+	my $r = $http->get("http://127.0.0.1:$port/metrics");
+	if ($r->{success} && $r->{content} =~ /^idempotency_rows_in_progress[{ ]/m)
+	{
+		$body = $r->{content};
+		last;
+	}
+	usleep(200_000);
+}
+$h->kill_kill;
+isnt($body, '', 'the exporter serves the metrics of idempotency.stats')
+  or diag("exporter stderr: $err");
+
+my (%type, %value);
+for (split /\n/, $body)
+{
+	$type{$1} = $2 if /^# TYPE (idempotency_\w+) (\w+)$/;
+	$value{$1} = $2 if /^(idempotency_\w+)(?:\{[^}]*\})? (\S+)$/;
+}
+
+my $stats = $node->safe_psql('postgres', q{
+	SELECT claims_new, claims_replay, claims_mismatch, claims_in_progress, completes_stored,
+		fence_rejections, rows_in_progress, extract(epoch FROM oldest_lease_expires_at)
+	FROM idempotency.stats});
+my %expected;
+@expected{
+	qw(claims_new_total claims_replay_total claims_mismatch_total claims_in_progress_total
+	  completes_stored_total fence_rejections_total rows_in_progress
+	  oldest_lease_expires_timestamp_seconds)
+} = split /\|/, $stats;
+is_deeply(
+	[ @expected{qw(claims_new_total claims_replay_total claims_mismatch_total
+		  claims_in_progress_total completes_stored_total fence_rejections_total rows_in_progress)} ],
+	[ 2, 1, 1, 1, 1, 1, 1 ],
+	'the view counted the calls');
+
+for my $name (sort keys %expected)
+{
+	my $want = $name =~ /_total$/ ? 'counter' : 'gauge';
+	is($type{"idempotency_$name"}, $want, "idempotency_$name is a $want");
+	ok(defined $value{"idempotency_$name"}
+		  && abs($value{"idempotency_$name"} - $expected{$name}) < 0.001,
+		"idempotency_$name is the view's value ($expected{$name})");
+}
+for my $name (qw(claims_resumed_total takeovers_total waits_total completes_released_total
+	releases_total reaped_total reaper_runs_total))
+{
+	is($type{"idempotency_$name"}, 'counter', "idempotency_$name is a counter");
+}
+for my $name (qw(rows_estimate reaper_error last_reap_timestamp_seconds
+	stats_reset_timestamp_seconds))
+{
+	is($type{"idempotency_$name"}, 'gauge', "idempotency_$name is a gauge");
+}
+is($value{idempotency_reaper_error}, '0', 'no reaper error');
+cmp_ok($value{idempotency_rows_estimate}, '>=', 1,
+	'the estimate of the records counts at least those in progress');
+
+$node->stop;
+done_testing();
