@@ -18,6 +18,8 @@ pub enum Error {
     Database(sqlx::Error),
     /// The request's transaction was used after the response was sent.
     TransactionEnded,
+    /// The `Tx` extractor on a route that is not behind the layer.
+    NotGuarded,
 }
 
 impl Error {
@@ -57,7 +59,7 @@ impl Error {
             Error::ClaimLost(err) | Error::InvalidArgument(err) | Error::TooLarge(err) | Error::Database(err) => {
                 Some(err)
             }
-            Error::TransactionEnded => None,
+            Error::TransactionEnded | Error::NotGuarded => None,
         }
     }
 }
@@ -87,6 +89,7 @@ impl fmt::Display for Error {
             Error::TooLarge(_) => "the response is too large to store",
             Error::Database(_) => "database error",
             Error::TransactionEnded => return f.write_str("the request's transaction has ended"),
+            Error::NotGuarded => return f.write_str("this route is not behind pg_idempotency::IdempotencyLayer"),
         };
         match self.source_error() {
             Some(sqlx::Error::Database(db)) => write!(f, "{what}: {}", db.message()),
@@ -100,5 +103,16 @@ impl std::error::Error for Error {
     /// The SQLx error underneath.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source_error().map(|err| err as _)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for Error {
+    /// An RFC 9457 problem: 409 `idempotency_claim_lost` for IK001, 503
+    /// `idempotency_unavailable` for a database that failed (the layer rolls
+    /// a 5xx back and frees the key), else 500 `idempotency_error`.
+    fn into_response(self) -> axum_core::response::Response {
+        tracing::error!("idempotency: {self}");
+        crate::problem::Problem::from(&self).response::<http_body_util::Full<bytes::Bytes>>().map(axum_core::body::Body::new)
     }
 }

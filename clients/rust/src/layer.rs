@@ -3,11 +3,14 @@
 //!
 //! For a covered request it reads the key and the body, claims the key on
 //! a connection of the application's pool (that claim commits at once, so a
-//! concurrent retry sees it), then begins a transaction on the pool and
-//! lends it to the handler as a [`Tx`] in the request's extensions. When the
-//! handler has answered, it buffers the response and, in that transaction,
-//! stores it with `complete` and commits: the business writes and the
-//! stored response commit together, or not at all.
+//! concurrent retry sees it), then lends the handler a transaction as a
+//! [`Tx`] in the request's extensions, begun when the handler first uses
+//! it. When the handler has finished, it buffers the response and, in that
+//! transaction, stores it with `complete` and commits: the business writes
+//! and the stored response commit together, or not at all. A response the
+//! handler did not produce by finishing (a timeout layer's, a panic
+//! handler's) rolls back and frees the key; so does this layer's future
+//! dropped before the end (a timeout outside it).
 //!
 //! Each request gets a claim token. When the database's answer is lost (the
 //! connection breaks), the layer claims again with that token on another
@@ -17,38 +20,32 @@
 //! handler answered, as stored).
 
 use std::future::{Future, poll_fn};
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderName, LOCATION};
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderName, LOCATION};
 use http::request::Parts;
-use http::{Method, Request, Response, response};
+use http::{Method, Request, Response, StatusCode, response};
 use http_body::Body;
-use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Postgres, Transaction};
 use tower::{Layer, Service};
 use uuid::Uuid;
 
+use crate::body::{BoxError, IdempotencyBody, RequestBody, ResponseBody};
 use crate::problem::{Problem, replay};
-use crate::{ClaimOptions, Error, Outcome, Owner, Tx, claim, fingerprint, key};
-
-/// The body of the layer's responses: the handler's own, streamed, when the
-/// request passes through untouched (`Left`); else a whole buffer
-/// (`Right`): the handler's buffered response, a replay or a problem.
-pub type ResponseBody<B> = Either<B, Full<Bytes>>;
+use crate::tx::Loan;
+use crate::{ClaimOptions, Error, Outcome, Owner, claim, fingerprint, key};
 
 /// What the layer's service answers.
 type Answer<B> = Response<ResponseBody<B>>;
 
 /// Computes the scope of a request from its head.
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
-
-/// The error type bodies convert into.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How often a claim whose answer was lost is asked, in all.
 const CLAIM_ATTEMPTS: u32 = 4;
@@ -61,7 +58,7 @@ const MAX_RUNS: u32 = 3;
 
 /// A whole body.
 pub(crate) fn full<B>(bytes: Bytes) -> ResponseBody<B> {
-    Either::Right(Full::new(bytes))
+    IdempotencyBody::whole(bytes)
 }
 
 /// The layer: give it the application's `PgPool` (on the database of the
@@ -197,13 +194,14 @@ pub struct Idempotency<S> {
     layer: Arc<IdempotencyLayer>,
 }
 
+/// Any request body, as tower-http's layers take: the inner service gets a
+/// [`RequestBody`] of it (axum's `Router` takes any body).
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: Send,
-    ReqBody: Body + From<Bytes> + Send + 'static,
-    ReqBody::Data: Send,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -226,7 +224,7 @@ where
         if layer.methods.contains(request.method()) {
             Box::pin(async move { layer.guard(inner, request).await })
         } else {
-            Box::pin(pass_through(inner, request))
+            Box::pin(pass_through(inner, request.map(IdempotencyBody::streamed)))
         }
     }
 }
@@ -239,8 +237,8 @@ struct Buffered {
 
 impl Buffered {
     /// A new copy of the request.
-    fn request<B: From<Bytes>>(&self) -> Request<B> {
-        Request::from_parts(self.parts.clone(), B::from(self.body.clone()))
+    fn request<B>(&self) -> Request<RequestBody<B>> {
+        Request::from_parts(self.parts.clone(), IdempotencyBody::whole(self.body.clone()))
     }
 }
 
@@ -260,8 +258,8 @@ impl IdempotencyLayer {
     /// replay, or a problem.
     async fn guard<S, ReqBody, ResBody>(&self, inner: S, request: Request<ReqBody>) -> Result<Answer<ResBody>, S::Error>
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-        ReqBody: Body + From<Bytes>,
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone,
+        ReqBody: Body,
         ReqBody::Error: Into<BoxError>,
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
@@ -315,6 +313,10 @@ impl IdempotencyLayer {
                     tracing::error!("idempotency: the claim that would tell what became of key {key:?} failed: {err}");
                     return Ok(lost_answer(lost));
                 }
+                Err(err) if self.fail_open && err.is_connection() => {
+                    tracing::warn!("idempotency: the database failed, running unguarded without it: {err}");
+                    return pass_through(inner, request.request()).await;
+                }
                 Err(err) if self.fail_open => {
                     tracing::warn!("idempotency: the claim failed, running unguarded: {err}");
                     return self.run_answered(inner, &request, None).await;
@@ -361,8 +363,7 @@ impl IdempotencyLayer {
     /// Runs the handler once, for an answer whatever happens.
     async fn run_answered<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, owner: Option<&Owner>) -> Result<Answer<ResBody>, S::Error>
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        ReqBody: From<Bytes>,
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
@@ -374,45 +375,27 @@ impl IdempotencyLayer {
         }
     }
 
-    /// Runs the handler in a transaction of its own, then commits (with the
-    /// stored response, for an owner) or rolls back.
-    async fn run<S, ReqBody, ResBody>(&self, mut inner: S, request: &Buffered, owner: Option<&Owner>) -> Run<ResBody, S::Error>
+    /// Runs the handler with a transaction of its own, then commits (with
+    /// the stored response, for an owner) or rolls back.
+    async fn run<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, owner: Option<&Owner>) -> Run<ResBody, S::Error>
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        ReqBody: From<Bytes>,
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
-        let transaction = match self.pool.begin().await {
-            Ok(transaction) => transaction,
-            Err(err) => {
-                if let Some(owner) = owner {
-                    self.release(owner).await;
-                }
-                return Run::Answered(self.without_database(inner, request, err.into()).await);
-            }
-        };
-        let tx = Tx::new(transaction);
+        // Dropped before the end (a timeout outside the layer, a panic): the
+        // transaction rolls back as it drops, and this frees the key.
+        let mut free_on_drop = FreeOnDrop { pool: self.pool.clone(), owner: owner.cloned() };
+        let loan = Loan::new(self.pool.clone());
         let mut handed = request.request();
-        handed.extensions_mut().insert(tx.clone());
+        handed.extensions_mut().insert(loan.tx());
         if let Some(owner) = owner {
             handed.extensions_mut().insert(owner.clone());
         }
-        let answered = match poll_fn(|cx| inner.poll_ready(cx)).await {
-            Ok(()) => inner.call(handed).await,
-            Err(err) => Err(err),
-        };
-        // The body may still use the transaction: read it before taking the transaction back.
-        let response = match answered {
-            Ok(response) => {
-                let (head, body) = response.into_parts();
-                let body = body.collect().await.map(|body| body.to_bytes()).map_err(Into::<BoxError>::into);
-                Ok((head, body))
-            }
-            Err(err) => Err(err),
-        };
-        let transaction = tx.take().await.expect("only the layer takes the transaction");
-        match response {
+        let (answered, finished) = call_handler(inner, handed, &loan).await;
+        let transaction = loan.end().await;
+        free_on_drop.owner = None;
+        match answered {
             Err(err) => {
                 self.abandon(transaction, owner, None).await;
                 Run::Answered(Err(err))
@@ -422,16 +405,39 @@ impl IdempotencyLayer {
                 self.abandon(transaction, owner, None).await;
                 Run::Answered(Ok(Problem::ResponseUnreadable.response()))
             }
+            Ok((head, Ok(body))) if !finished || head.status == StatusCode::REQUEST_TIMEOUT => {
+                tracing::warn!(
+                    "idempotency: the handler did not finish (status {} from a layer that answered for it): \
+                     its work is rolled back and its key freed",
+                    head.status
+                );
+                self.abandon(transaction, owner, None).await;
+                if head.status.is_client_error() || head.status.is_server_error() {
+                    Run::Answered(Ok(Response::from_parts(head, full(body))))
+                } else {
+                    // A Tx kept past the handler's end (in a spawned task): not the handler's last word.
+                    Run::Answered(Ok(Problem::RolledBack.response()))
+                }
+            }
             Ok((head, Ok(body))) => self.finish(transaction, owner, head, body).await,
         }
     }
 
-    /// Commits the handler's work with its stored response; rolls back a 5xx.
-    async fn finish<B, E>(&self, mut transaction: Transaction<'static, Postgres>, owner: Option<&Owner>, head: response::Parts, body: Bytes) -> Run<B, E> {
+    /// Stores the handler's response and commits its work; rolls back a 5xx.
+    async fn finish<B, E>(&self, transaction: Option<Transaction<'static, Postgres>>, owner: Option<&Owner>, head: response::Parts, body: Bytes) -> Run<B, E> {
         if head.status.is_server_error() {
             self.abandon(transaction, owner, Some((&head, &body))).await;
             return Run::Answered(Ok(Response::from_parts(head, full(body))));
         }
+        match (transaction, owner) {
+            (Some(transaction), owner) => self.commit(transaction, owner, head, body).await,
+            (None, Some(owner)) => self.complete_alone(owner, head, body).await,
+            (None, None) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
+        }
+    }
+
+    /// Commits the handler's work with its stored response.
+    async fn commit<B, E>(&self, mut transaction: Transaction<'static, Postgres>, owner: Option<&Owner>, head: response::Parts, body: Bytes) -> Run<B, E> {
         if let Some(owner) = owner {
             let headers = self.headers_to_store(&head);
             match owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await {
@@ -447,7 +453,7 @@ impl IdempotencyLayer {
                 }
                 Err(err) => {
                     tracing::error!("idempotency: could not store the response: {err}");
-                    self.abandon(transaction, Some(owner), None).await;
+                    self.abandon(Some(transaction), Some(owner), None).await;
                     return Run::Answered(Ok(Problem::RolledBack.response()));
                 }
             }
@@ -469,11 +475,32 @@ impl IdempotencyLayer {
         }
     }
 
+    /// Stores the response of a handler that wrote nothing, with `complete`
+    /// on its own (no BEGIN, no COMMIT).
+    async fn complete_alone<B, E>(&self, owner: &Owner, head: response::Parts, body: Bytes) -> Run<B, E> {
+        let headers = self.headers_to_store(&head);
+        match owner.complete(&self.pool, head.status.as_u16(), &headers, &body).await {
+            Ok(_) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
+            Err(Error::ClaimLost(_)) => Run::Answered(Ok(Problem::ClaimLost.response())),
+            Err(err) if answer_lost(&err) => {
+                tracing::warn!("idempotency: the answer to complete was lost: {err}");
+                Run::Lost(Some((head, body)))
+            }
+            Err(err) => {
+                tracing::error!("idempotency: could not store the response: {err}");
+                self.release(owner).await;
+                Run::Answered(Ok(Problem::RolledBack.response()))
+            }
+        }
+    }
+
     /// Rolls the transaction back and frees the key, so that a retry runs
     /// again. A 5xx response goes to `complete`, which releases it (or
     /// stores it, with `idempotency.store_server_errors` on).
-    async fn abandon(&self, transaction: Transaction<'static, Postgres>, owner: Option<&Owner>, server_error: Option<(&response::Parts, &Bytes)>) {
-        let _ = transaction.rollback().await; // a broken connection rolls back too
+    async fn abandon(&self, transaction: Option<Transaction<'static, Postgres>>, owner: Option<&Owner>, server_error: Option<(&response::Parts, &Bytes)>) {
+        if let Some(transaction) = transaction {
+            let _ = transaction.rollback().await; // a broken connection rolls back too
+        }
         let Some(owner) = owner else { return };
         if let Some((head, body)) = server_error {
             let status = head.status.as_u16();
@@ -492,25 +519,12 @@ impl IdempotencyLayer {
         }
     }
 
-    /// Answers 503, or with `fail_open` runs the handler without the database.
-    async fn without_database<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, err: Error) -> Result<Answer<ResBody>, S::Error>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        ReqBody: From<Bytes>,
-    {
-        if self.fail_open {
-            tracing::warn!("idempotency: the database failed, running unguarded: {err}");
-            pass_through(inner, request.request()).await
-        } else {
-            tracing::error!("idempotency: the database failed: {err}");
-            Ok(Problem::Unavailable.response())
-        }
-    }
-
     /// The response headers to store, as name-value pairs.
     fn headers_to_store<'a>(&'a self, head: &'a response::Parts) -> Vec<(&'a str, &'a str)> {
         let mut pairs = Vec::new();
-        for name in self.stored_headers.iter() {
+        // The body is stored as sent: its Content-Encoding (a compression layer inside) goes with it.
+        let encoding = Some(&CONTENT_ENCODING).filter(|name| !self.stored_headers.contains(name));
+        for name in self.stored_headers.iter().chain(encoding) {
             for value in head.headers.get_all(name) {
                 if let Ok(value) = value.to_str() {
                     pairs.push((name.as_str(), value));
@@ -541,7 +555,58 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
     poll_fn(|cx| inner.poll_ready(cx)).await?;
-    Ok(inner.call(request).await?.map(Either::Left))
+    Ok(inner.call(request).await?.map(IdempotencyBody::streamed))
+}
+
+/// What the inner service answered, with its body read whole.
+type Handled<E> = Result<(response::Parts, Result<Bytes, BoxError>), E>;
+
+/// Calls the inner service with the request and reads its whole response
+/// (a streaming body may still use the transaction). Also says whether the
+/// handler finished: judged before the inner future is dropped, because a
+/// layer that answers for the handler (tower-http's `TimeoutLayer`, its
+/// `CatchPanicLayer` after a panic) leaves the handler's `Tx` alive in it,
+/// or dropped by the panic.
+async fn call_handler<S, B, ResBody>(mut inner: S, request: Request<B>, loan: &Loan) -> (Handled<S::Error>, bool)
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    if let Err(err) = poll_fn(|cx| inner.poll_ready(cx)).await {
+        return (Err(err), true);
+    }
+    let mut future = pin!(inner.call(request));
+    let handled = match future.as_mut().await {
+        Ok(response) => {
+            let (head, body) = response.into_parts();
+            Ok((head, body.collect().await.map(|body| body.to_bytes()).map_err(Into::into)))
+        }
+        Err(err) => Err(err),
+    };
+    (handled, loan.handler_finished())
+}
+
+/// Frees the key of a run whose future is dropped before the layer ended it
+/// (a timeout outside the layer, a panic), so that a retry runs at once
+/// instead of waiting for the lease. Its transaction rolls back as it drops.
+struct FreeOnDrop {
+    pool: PgPool,
+    owner: Option<Owner>,
+}
+
+impl Drop for FreeOnDrop {
+    /// Releases the key in a task of its own.
+    fn drop(&mut self) {
+        let (Some(owner), Ok(runtime)) = (self.owner.take(), tokio::runtime::Handle::try_current()) else { return };
+        let pool = self.pool.clone();
+        tracing::warn!("idempotency: the request was dropped while its handler ran; freeing its key");
+        runtime.spawn(async move {
+            if let Err(err) = owner.release(&pool).await {
+                tracing::error!("idempotency: could not free the key of a dropped request; it frees when its lease ends: {err}");
+            }
+        });
+    }
 }
 
 /// Reads the whole request body, up to `limit` bytes.

@@ -4,14 +4,16 @@
 //! - [`IdempotencyLayer`]: a tower 0.5 `Layer` for axum 0.8 (or any tower
 //!   service on http 1) that follows docs/http-contract.md. It claims the
 //!   key on the application's `sqlx::PgPool`, lends the handler the
-//!   request's `sqlx::Transaction` as a [`Tx`] (an axum extractor), and
-//!   stores the response in that transaction, so that the business writes
-//!   and the stored response commit together.
+//!   request's `sqlx::Transaction` as a [`Tx`] (an axum extractor, begun
+//!   when the handler first locks it), and stores the response in that
+//!   transaction, so that the business writes and the stored response
+//!   commit together. It takes any request body, as tower-http's layers do.
 //! - [`claim`], [`Owner::complete`], [`Owner::release`], [`Owner::extend`],
 //!   [`Owner::checkpoint`], [`lookup`]: the SQL API with typed outcomes on
 //!   any SQLx executor, and [`Error::ClaimLost`] for IK001.
 //! - [`fingerprint`]: the request hash, equal to `idempotency.fingerprint()`.
 
+mod body;
 mod client;
 mod error;
 mod fingerprint;
@@ -20,11 +22,12 @@ mod layer;
 mod problem;
 mod tx;
 
+pub use body::{IdempotencyBody, RequestBody, ResponseBody};
 pub use client::{ClaimOptions, Completion, Outcome, Owner, Record, State, StoredResponse, claim, lookup};
 pub use error::Error;
 pub use fingerprint::fingerprint;
 pub use key::{IDEMPOTENCY_KEY, parse_key};
-pub use layer::{Idempotency, IdempotencyLayer, ResponseBody, credential_scope};
+pub use layer::{Idempotency, IdempotencyLayer, credential_scope};
 pub use tx::{Tx, TxGuard};
 
 /// The Rust snippets of README.md, compiled by `cargo test`.

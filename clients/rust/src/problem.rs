@@ -6,8 +6,9 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde_json::json;
 
-use crate::StoredResponse;
-use crate::layer::{ResponseBody, full};
+use crate::body::ResponseBody;
+use crate::layer::full;
+use crate::{Error, StoredResponse};
 
 /// Why the layer answers instead of the handler.
 #[derive(Debug)]
@@ -23,6 +24,22 @@ pub(crate) enum Problem {
     RequestTooLarge,
     RequestUnreadable,
     ResponseUnreadable,
+    DatabaseFailed,
+    Misused(&'static str),
+}
+
+impl From<&Error> for Problem {
+    /// What a handler's `Error` answers.
+    fn from(err: &Error) -> Problem {
+        match err {
+            Error::ClaimLost(_) => Problem::ClaimLost,
+            Error::Database(_) => Problem::DatabaseFailed,
+            Error::InvalidArgument(_) => Problem::Misused("The idempotency store refused an argument."),
+            Error::TooLarge(_) => Problem::Misused("The response is larger than the idempotency store keeps."),
+            Error::TransactionEnded => Problem::Misused("The request's transaction was used after the request ended."),
+            Error::NotGuarded => Problem::Misused("This route needs a transaction but is not behind the idempotency layer."),
+        }
+    }
 }
 
 impl Problem {
@@ -91,6 +108,15 @@ impl Problem {
                 "response_body_unreadable",
                 "The handler's response body failed; its work was rolled back.",
             ),
+            Problem::DatabaseFailed => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable",
+                "idempotency_unavailable",
+                "The database failed while this request ran, so its work was not kept; retry later.",
+            ),
+            Problem::Misused(why) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", "idempotency_error", why)
+            }
         }
     }
 
@@ -98,7 +124,11 @@ impl Problem {
     fn retry_after(&self) -> Option<u32> {
         match self {
             Problem::InProgress { retry_after } => Some(*retry_after),
-            Problem::ClaimLost | Problem::Unavailable | Problem::RolledBack | Problem::Interrupted => Some(1),
+            Problem::ClaimLost
+            | Problem::Unavailable
+            | Problem::RolledBack
+            | Problem::Interrupted
+            | Problem::DatabaseFailed => Some(1),
             _ => None,
         }
     }

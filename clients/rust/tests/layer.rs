@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, Response};
 use common::{connect, count_rows, create_table, options, pool, pool_with, pool_with_settings, post, send, serve, unique};
-use pg_idempotency::{ClaimOptions, IdempotencyLayer, Outcome, Owner, State, Tx, claim, credential_scope, fingerprint, lookup};
+use pg_idempotency::{ClaimOptions, IdempotencyLayer, Outcome, Owner, RequestBody, State, Tx, claim, credential_scope, fingerprint, lookup};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::Notify;
@@ -320,8 +320,8 @@ async fn a_handler_error_rolls_back_releases_and_is_returned() {
     create_table(&connect().await, &table).await;
     let handler = {
         let table = table.clone();
-        move |request: Request<Body>| {
-            let (table, tx) = (table.clone(), tx_of(&request));
+        move |request: Request<RequestBody<Body>>| {
+            let (table, tx) = (table.clone(), request.extensions().get::<Tx>().unwrap().clone());
             async move {
                 insert(tx, &table).await;
                 Err::<Response<Body>, _>(std::io::Error::other("handler failed"))

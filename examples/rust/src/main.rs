@@ -3,21 +3,27 @@
 //! pg-idempotency's layer lends the handler.
 //!
 //! Environment: DATABASE_URL (a database where `CREATE EXTENSION
-//! idempotency` is done), PORT (default 3000); for the tests,
-//! IDEMPOTENCY_LEASE (an interval, default `60 seconds`) and
-//! IDEMPOTENCY_FAIL_OPEN=on. Listens on 127.0.0.1.
+//! idempotency` is done), PORT (default 3000), ACCOUNTS (the app's
+//! authentication: `token=account,...`; a key belongs to the account, so a
+//! refreshed token still meets it); for the tests, IDEMPOTENCY_LEASE (an
+//! interval, default `60 seconds`) and IDEMPOTENCY_FAIL_OPEN=on. Listens
+//! on 127.0.0.1.
 
+use std::collections::HashMap;
 use std::env;
 use std::error::Error;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, request::Parts};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pg_idempotency::{IdempotencyLayer, Tx};
+use pg_idempotency::{IdempotencyLayer, Tx, credential_scope};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -47,19 +53,59 @@ async fn serve() -> Result<(), Box<dyn Error>> {
     sqlx::raw_sql(CREATE_CHARGES).execute(&pool).await?;
     let lease = env::var("IDEMPOTENCY_LEASE").unwrap_or_else(|_| "60 seconds".into());
     let layer = IdempotencyLayer::new(pool.clone())
+        .scope(account_scope)
         .lease(lease_of(&pool, &lease).await?)
         .fail_open(env::var("IDEMPOTENCY_FAIL_OPEN").as_deref() == Ok("on"));
+    let accounts = Arc::new(accounts_of(&env::var("ACCOUNTS").unwrap_or_default())?);
 
+    // The last layer is the outermost: authentication, then the idempotency key.
     let app = Router::new()
         .route("/", get(health))
         .route("/payments", post(pay))
         .fallback(not_found)
-        .layer(layer);
+        .layer(layer)
+        .layer(middleware::from_fn_with_state(accounts, authenticate));
     let port: u16 = env::var("PORT").unwrap_or_else(|_| "3000".into()).parse()?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     eprintln!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// The account a request's credential belongs to, as authentication found it.
+#[derive(Clone)]
+struct Account(String);
+
+/// Reads ACCOUNTS: `token=account` pairs, comma-separated.
+fn accounts_of(list: &str) -> Result<HashMap<String, String>, String> {
+    let pairs = list.split(',').map(str::trim).filter(|pair| !pair.is_empty());
+    pairs
+        .map(|pair| match pair.split_once('=') {
+            Some((token, account)) => Ok((format!("Bearer {token}"), account.to_owned())),
+            None => Err(format!("ACCOUNTS: {pair:?} is not token=account")),
+        })
+        .collect()
+}
+
+/// The app's authentication: a known bearer token names its account. This
+/// demo lets other callers through (the HTTP contract's tests send tokens
+/// it does not know); a real app answers 401.
+async fn authenticate(State(accounts): State<Arc<HashMap<String, String>>>, mut request: Request, next: Next) -> Response {
+    let credential = request.headers().get("authorization").and_then(|value| value.to_str().ok());
+    if let Some(account) = credential.and_then(|credential| accounts.get(credential)) {
+        request.extensions_mut().insert(Account(account.clone()));
+    }
+    next.run(request).await
+}
+
+/// Whose key it is: the authenticated account, so a retry after an OAuth
+/// token refresh still meets its key. Without one, the layer's default: a
+/// hash of the credential (a refreshed token would be a new scope).
+fn account_scope(request: &Parts) -> String {
+    match request.extensions.get::<Account>() {
+        Some(account) => account.0.clone(),
+        None => credential_scope(request),
+    }
 }
 
 /// The database reads the interval, as it would read the setting idempotency.lease.

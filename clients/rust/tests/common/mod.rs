@@ -74,7 +74,11 @@ where
     H: Fn(Request<Body>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let app = Router::new().fallback(move |request: Request<Body>| handler(request)).layer(layer);
+    serve_router(Router::new().fallback(move |request: Request<Body>| handler(request)).layer(layer)).await
+}
+
+/// Serves `app` on a free port of 127.0.0.1 for as long as the test's runtime lives; returns the address.
+pub async fn serve_router(app: Router) -> SocketAddr {
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -158,10 +162,27 @@ fn parse_reply(raw: &[u8]) -> Reply {
         .iter()
         .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
         .collect();
-    let body = raw[head_len..].to_vec();
+    let chunked = headers.iter().any(|(name, value)| name == "transfer-encoding" && value.contains("chunked"));
+    let body = if chunked { dechunk(&raw[head_len..]) } else { raw[head_len..].to_vec() };
     let reply = Reply { status: response.code.unwrap(), headers, body };
     if let Some(length) = reply.header("content-length") {
         assert_eq!(length.parse::<usize>().unwrap(), reply.body.len(), "the body has its Content-Length");
     }
     reply
+}
+
+/// The data of a chunked body (RFC 9112 7.1), without extensions or trailers.
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n").expect("a chunk size line");
+        let size_field = String::from_utf8_lossy(&raw[..line_end]);
+        let size = usize::from_str_radix(size_field.split(';').next().unwrap().trim(), 16).expect("a hex chunk size");
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
 }
