@@ -38,6 +38,7 @@
 
 #include "args.h"
 #include "citus.h"
+#include "fence.h"
 #include "idempotency.h"
 #include "keys.h"
 #include "keysheap.h"

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  * keys.c
- *	  Access to idempotency.keys: the catalog facts, waits for writers,
- *	  fences, and the writes and reads that are not on the hot path
- *	  (keysheap.c has those, and falls back to the plans here).
+ *	  The statements on idempotency.keys: a call of the API, as the table's
+ *	  owner, and the SPI plans of the writes and reads that are not on the
+ *	  hot path (keysheap.c has those, and falls back to the plans here).
  *
  * Application roles get no privilege on the table: each call acts as the
  * table's owner (owner.c: the right to call, the switch), and runs SPI
@@ -23,48 +23,23 @@
  * WHERE clause repeats their condition wait for a concurrent writer of the
  * same record as PostgreSQL makes them.  A claim that must bound
  * that wait (its `wait`) finds the writing transaction first, with a dirty
- * read, and waits for it here, where a timeout can be caught.
+ * read, and waits for it (wait.c), where a timeout can be caught.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/detoast.h"
-#include "access/genam.h"
 #include "access/htup_details.h"
-#include "access/relation.h"
-#include "access/skey.h"
-#include "access/stratnum.h"
-#include "access/table.h"
-#include "access/tableam.h"
-#include "access/xact.h"
-#include "access/xlog.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_collation.h"
-#include "catalog/pg_enum.h"
 #include "catalog/pg_type.h"
-#include "commands/sequence.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
-#include "executor/tuptable.h"
 #include "miscadmin.h"
-#include "parser/parse_relation.h"
-#include "storage/bufmgr.h"
-#include "storage/ipc.h"
-#include "storage/lmgr.h"
-#include "storage/lwlock.h"
-#include "storage/proc.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
 #include "utils/hsearch.h"
-#include "utils/inval.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/rel.h"
-#include "utils/resowner.h"
-#include "utils/snapmgr.h"
-#include "utils/syscache.h"
+#include "utils/timestamp.h"
 
 #include "compat.h"
+#include "fence.h"
 #include "keys.h"
 
 /*
@@ -219,205 +194,10 @@ typedef struct PlanSet
 static HTAB *plan_sets = NULL;
 static PlanSet *last_plan_set = NULL;
 
-/* The fence lock's tranche, and whether it was asked for (the library was preloaded). */
-#define FENCE_TRANCHE "idempotency fence"
-static bool fence_lock_requested = false;
-
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-
 /* Whether this call has connected to SPI: only calls that run a plan do. */
 static bool spi_connected = false;
 
-static IdemKeysCatalog catalog;
-
-/* The columns of idempotency.keys, by IdemKeysColumn. */
-static const char *const column_names[IDEM_NUM_COLS] = {
-	[IDEM_COL_FENCE] = "fence",
-	[IDEM_COL_CREATED_AT] = "created_at",
-	[IDEM_COL_EXPIRES_AT] = "expires_at",
-	[IDEM_COL_LEASE_EXPIRES_AT] = "lease_expires_at",
-	[IDEM_COL_COMPLETED_AT] = "completed_at",
-	[IDEM_COL_LEASE] = "lease",
-	[IDEM_COL_ATTEMPT] = "attempt",
-	[IDEM_COL_STATUS_CODE] = "status_code",
-	[IDEM_COL_STATE] = "state",
-	[IDEM_COL_OWNER] = "owner",
-	[IDEM_COL_SCOPE] = "scope",
-	[IDEM_COL_KEY] = "key",
-	[IDEM_COL_FINGERPRINT] = "fingerprint",
-	[IDEM_COL_RECOVERY_POINT] = "recovery_point",
-	[IDEM_COL_RECOVERY_STATE] = "recovery_state",
-	[IDEM_COL_HEADERS] = "headers",
-	[IDEM_COL_BODY] = "body",
-	[IDEM_COL_TOKEN] = "token",
-};
-static bool catalog_valid = false;
-
-/*
- * The types of the columns, as the extension made them (without a type
- * modifier); InvalidOid for state, whose type is idempotency.state.  The
- * direct reads and writes take and store values of exactly these types.
- */
-static const Oid column_types[IDEM_NUM_COLS] = {
-	[IDEM_COL_FENCE] = INT8OID,
-	[IDEM_COL_CREATED_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_EXPIRES_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_LEASE_EXPIRES_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_COMPLETED_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_LEASE] = INTERVALOID,
-	[IDEM_COL_ATTEMPT] = INT4OID,
-	[IDEM_COL_STATUS_CODE] = INT4OID,
-	[IDEM_COL_STATE] = InvalidOid,
-	[IDEM_COL_OWNER] = REGROLEOID,
-	[IDEM_COL_SCOPE] = TEXTOID,
-	[IDEM_COL_KEY] = TEXTOID,
-	[IDEM_COL_FINGERPRINT] = BYTEAOID,
-	[IDEM_COL_RECOVERY_POINT] = TEXTOID,
-	[IDEM_COL_RECOVERY_STATE] = JSONBOID,
-	[IDEM_COL_HEADERS] = JSONBOID,
-	[IDEM_COL_BODY] = BYTEAOID,
-	[IDEM_COL_TOKEN] = UUIDOID,
-};
-
-PG_FUNCTION_INFO_V1(idempotency_fence_at_least);
 PG_FUNCTION_INFO_V1(idempotency_expiry_second);
-
-/* Asks for the fence lock. */
-static void
-keys_shmem_request(void)
-{
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-	RequestNamedLWLockTranche(FENCE_TRANCHE, 1);
-}
-
-/* Asks for the fence lock in shared memory, when preloading; called from _PG_init. */
-void
-idem_keys_init(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = keys_shmem_request;
-	fence_lock_requested = true;
-}
-
-/* Forgets the cached catalog facts when the table's relcache entry goes. */
-static void
-catalog_invalidate(Datum arg, Oid relid)
-{
-	if (relid == InvalidOid || relid == catalog.keys.relid ||
-		relid == catalog.fence_seq_relid)
-		catalog_valid = false;
-}
-
-/*
- * Raises 42804 unless column col of rel (named name), number attnum, has
- * the type, and for the key's columns the collation, the extension gave it:
- * a DBA's ALTER COLUMN ... TYPE makes the API refuse, clearly, rather than
- * read or store a value of the wrong type.
- */
-static void
-check_column_type(Relation rel, const char *name, IdemKeysColumn col, AttrNumber attnum)
-{
-	Form_pg_attribute attr = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
-	Oid			type = column_types[col];
-	bool		c_collated = (col == IDEM_COL_SCOPE || col == IDEM_COL_KEY);
-	bool		collation_differs;
-
-	if (!OidIsValid(type))
-		type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid, CStringGetDatum("state"),
-							   ObjectIdGetDatum(RelationGetNamespace(rel)));
-	collation_differs = c_collated && attr->atttypid == type &&
-		attr->attcollation != C_COLLATION_OID;
-	if (attr->atttypid != type || attr->atttypmod != -1 || collation_differs)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("column \"%s\" of %s has type %s%s, not %s%s",
-						column_names[col], name,
-						format_type_with_typemod(attr->atttypid, attr->atttypmod),
-						collation_differs ? " in another collation" : "",
-						format_type_be(type), c_collated ? " COLLATE \"C\"" : ""),
-				 errdetail("The extension reads and writes the columns of its table with the types it made them with."),
-				 errhint("Change the column back with ALTER TABLE %s ALTER COLUMN %s TYPE %s%s.",
-						 name, quote_identifier(column_names[col]), format_type_be(type),
-						 c_collated ? " COLLATE \"C\"" : "")));
-}
-
-/*
- * Describes a relation that holds records (idempotency.keys or a shard of
- * it): its OID, its name for SQL, and the numbers of its columns (token's
- * InvalidAttrNumber on a table of version 1.1).
- */
-void
-idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
-{
-	const char *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
-												  RelationGetRelationName(rel));
-
-	out->relid = RelationGetRelid(rel);
-	if (strlcpy(out->name, name, sizeof(out->name)) >= sizeof(out->name))
-		elog(ERROR, "relation name %s is too long", name);
-	for (int i = 0; i < IDEM_NUM_COLS; i++)
-	{
-		out->att[i] = attnameAttNum(rel, column_names[i], false);
-		if (out->att[i] == InvalidAttrNumber && i != IDEM_COL_TOKEN)
-			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
-		if (out->att[i] != InvalidAttrNumber)
-			check_column_type(rel, name, (IdemKeysColumn) i, out->att[i]);
-	}
-}
-
-/* Returns the enum value of label in type enumtype; raises when it is missing. */
-static Oid
-enum_label(Oid enumtype, const char *label)
-{
-	Oid			oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-									  ObjectIdGetDatum(enumtype), CStringGetDatum(label));
-
-	if (!OidIsValid(oid))
-		elog(ERROR, "enum label \"%s\" of idempotency.state does not exist", label);
-	return oid;
-}
-
-/* Returns the catalog facts about the extension's objects, cached per backend. */
-const IdemKeysCatalog *
-idem_keys_catalog(void)
-{
-	static bool callbacks_registered = false;
-	IdemKeysCatalog *c = &catalog;
-	Relation	rel;
-	Oid			keys_relid;
-	Oid			state_type;
-
-	if (catalog_valid)
-		return c;
-
-	c->namespace = get_namespace_oid("idempotency", false);
-	keys_relid = get_relname_relid("keys", c->namespace);
-	c->fence_seq_relid = get_relname_relid("fence_seq", c->namespace);
-	if (!OidIsValid(keys_relid) || !OidIsValid(c->fence_seq_relid))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("relation \"idempotency.keys\" does not exist"),
-				 errhint("Run CREATE EXTENSION idempotency.")));
-
-	rel = table_open(keys_relid, AccessShareLock);
-	c->table_owner = rel->rd_rel->relowner;
-	idem_keys_rel_describe(rel, &c->keys);
-	state_type = TupleDescAttr(RelationGetDescr(rel), c->keys.att[IDEM_COL_STATE] - 1)->atttypid;
-	table_close(rel, AccessShareLock);
-	c->in_progress_label = enum_label(state_type, "in_progress");
-	c->completed_label = enum_label(state_type, "completed");
-
-	if (!callbacks_registered)
-	{
-		CacheRegisterRelcacheCallback(catalog_invalidate, (Datum) 0);
-		callbacks_registered = true;
-	}
-	catalog_valid = true;
-	return c;
-}
 
 /*
  * Checks that the caller may use the API and acts as the table's owner, as
@@ -447,75 +227,6 @@ idem_call_end(IdemCall *call)
 		SPI_finish();
 	spi_connected = false;
 	idem_owner_leave(&call->owner_save);
-}
-
-/* Hashes (scope, key): where claims waiting for its owner sleep. */
-uint64
-idem_key_hash(text *scope, text *key)
-{
-	uint64		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
-										VARSIZE_ANY_EXHDR(key), 0);
-
-	return hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(scope),
-												 VARSIZE_ANY_EXHDR(scope), 0));
-}
-
-/*
- * Waits for transaction xid to end, at most timeout_ms (< 0: without bound
- * but lock_timeout).  The bounded wait runs in a subtransaction in which
- * lock_timeout is at most timeout_ms, so that the timeout can be caught; an
- * error other than that timeout (a cancel, a deadlock, the caller's shorter
- * lock_timeout) is raised again.  Returns whether xid has ended.
- */
-bool
-idem_wait_for_xact(TransactionId xid, long timeout_ms)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	int			saved_lock_timeout = LockTimeout;
-	bool		ours = (LockTimeout <= 0 || LockTimeout > timeout_ms);
-	volatile bool ended = false;
-
-	if (timeout_ms < 0)
-	{
-		XactLockTableWait(xid, NULL, NULL, XLTW_None);
-		return true;
-	}
-	if (ConditionalXactLockTableWait(xid))
-		return true;
-	if (timeout_ms == 0)
-		return false;
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		if (ours)
-			LockTimeout = (int) Min(timeout_ms, INT_MAX);
-		XactLockTableWait(xid, NULL, NULL, XLTW_None);
-		LockTimeout = saved_lock_timeout;
-		ReleaseCurrentSubTransaction();
-		ended = true;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		LockTimeout = saved_lock_timeout;
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
-		if (!ours || edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			ReThrowError(edata);
-		FreeErrorData(edata);
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-	return ended;
 }
 
 /*
@@ -646,73 +357,6 @@ result_varlena(int n, MemoryContext cxt)
 	return idem_varlena_copy(value, isnull, cxt);
 }
 
-/* The lock under which fences are drawn; NULL without preloading. */
-static LWLock *
-fence_lock(void)
-{
-	static LWLock *lock = NULL;
-
-	if (lock == NULL && fence_lock_requested)
-		lock = &GetNamedLWLockTranche(FENCE_TRANCHE)->lock;
-	return lock;
-}
-
-/*
- * Returns a new fence of at least at_least from sequence seq: its next value,
- * or at_least, with the sequence raised to it, when the sequence is behind.
- * It is behind only with Citus, for records that came with a shard move
- * (their fence + 1) and for the floor after shards arrive (citus.c).
- *
- * A draw that may raise the sequence holds the fence lock exclusively, the
- * others share it: setval must not move the sequence back below a value that
- * another backend drew between this nextval and this setval.  The sequence's
- * own lock is taken first, so that nothing waits for it while holding ours.
- * idem_keys_flush_fence covers a setval as it covers nextval: it flushes the
- * sequence page's LSN.
- */
-static int64
-next_fence(Oid seq, int64 at_least)
-{
-	LWLock	   *lock = fence_lock();
-	int64		fence;
-
-	if (lock)
-	{
-		LockRelationOid(seq, RowExclusiveLock);
-		LWLockAcquire(lock, at_least > 0 ? LW_EXCLUSIVE : LW_SHARED);
-	}
-	fence = nextval_internal(seq, false);
-	if (fence < at_least)
-	{
-		DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seq), Int64GetDatum(at_least));
-		fence = at_least;
-	}
-	if (lock)
-		LWLockRelease(lock);
-	return fence;
-}
-
-/* Returns a new fence of at least at_least (see next_fence). */
-int64
-idem_keys_next_fence(int64 at_least)
-{
-	return next_fence(idem_keys_catalog()->fence_seq_relid, at_least);
-}
-
-/*
- * _fence_at_least(at_least): draws a fence of at least at_least, raising the
- * fence sequence when it is behind; citus_distribute raises every node's
- * sequence with it.  It does not touch idempotency.keys, which the caller
- * may have locked (citus_distribute, through a connection to this node).
- */
-Datum
-idempotency_fence_at_least(PG_FUNCTION_ARGS)
-{
-	Oid			seq = get_relname_relid("fence_seq", get_namespace_oid("idempotency", false));
-
-	PG_RETURN_INT64(next_fence(seq, PG_GETARG_INT64(0)));
-}
-
 /* The whole second, rounded down, of a timestamp: the reaper's index key. */
 Datum
 idempotency_expiry_second(PG_FUNCTION_ARGS)
@@ -790,31 +434,6 @@ idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence
 	if (run_plan(PLAN_RESTAMP, call, values, nulls, false) != 1)
 		elog(ERROR, "the claim just won of idempotency key \"%s\" is gone",
 			 text_to_cstring(key));
-}
-
-/*
- * Makes the fence just handed out durable before anyone sees it.
- *
- * A sequence is WAL-logged once per 32 values, and that record is flushed
- * only by some later commit.  Should the server crash before then, the
- * sequence would restart below a fence already given to a client whose claim
- * never committed, and hand that fence out again: the old client's complete
- * would then succeed on the new owner's claim.  Flushing up to the sequence
- * page's LSN costs nothing when that record is already on disk (31 claims in
- * 32), and one WAL flush otherwise.  Call it after idem_call_end.
- */
-void
-idem_keys_flush_fence(void)
-{
-	Relation	seqrel = relation_open(idem_keys_catalog()->fence_seq_relid, AccessShareLock);
-	Buffer		buf = ReadBuffer(seqrel, 0);
-	XLogRecPtr	lsn;
-
-	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	lsn = PageGetLSN(BufferGetPage(buf));
-	UnlockReleaseBuffer(buf);
-	relation_close(seqrel, AccessShareLock);
-	XLogFlush(lsn);
 }
 
 /* Deletes the claim if this fence owns it and the caller sees it. */

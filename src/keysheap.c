@@ -71,6 +71,7 @@
 
 #include "args.h"
 #include "compat.h"
+#include "fence.h"
 #include "keys.h"
 #include "keysheap.h"
 
