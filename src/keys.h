@@ -42,6 +42,11 @@ typedef struct IdemRecord
 	TimestampTz lease_expires_at;	/* DT_NOBEGIN when NULL (completed) */
 	TimestampTz expires_at;
 	TimestampTz created_at;
+	/*
+	 * Under REPEATABLE READ or SERIALIZABLE: a transaction that committed
+	 * after the snapshot was taken changed or deleted this record.
+	 */
+	bool		changed_since_snapshot;
 	/* An in-progress record's claim token; then its attempt and recovery point too. */
 	bool		has_token;
 	pg_uuid_t	token;

@@ -532,12 +532,31 @@ refuse_owner_rls(const IdemCall *call, Relation rel)
 }
 
 /*
+ * Tells whether the version of a record in slot, read under the
+ * transaction's snapshot (REPEATABLE READ or SERIALIZABLE), is no longer
+ * the current one: a transaction that committed after the snapshot was
+ * taken updated or deleted it, so that the latest snapshot no longer sees
+ * it.  A writer still running has changed nothing yet.
+ */
+static bool
+changed_since_snapshot(Relation rel, TupleTableSlot *slot)
+{
+	Snapshot	latest = RegisterSnapshot(GetLatestSnapshot());
+	bool		visible = table_tuple_satisfies_snapshot(rel, slot, latest);
+
+	UnregisterSnapshot(latest);
+	return !visible;
+}
+
+/*
  * Reads the record of (scope, key) that the caller sees into rec (its own
  * first, live before expired at now); false when there is none.  A plain
  * index lookup through the primary key with a new snapshot, as a READ
  * COMMITTED statement would take: this is the hottest read of the API, so
  * it does without the executor.  Nearly always one record matches, the
- * caller's own, and the scan stops there.
+ * caller's own, and the scan stops there.  Under REPEATABLE READ or
+ * SERIALIZABLE it also tells whether the record read has changed since
+ * the snapshot (claim then fails rather than answer from the past).
  */
 bool
 idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
@@ -549,6 +568,7 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 	TupleTableSlot *slot;
 	TupleTableSlot *best = NULL;
 	int			best_rank = -1;
+	bool		best_changed = false;
 	Snapshot	snapshot;
 
 	/*
@@ -570,6 +590,8 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 
 		if (rank < 0 || (best_rank >= 0 && rank >= best_rank))
 			continue;
+		/* Checked while the slot still holds the buffer. */
+		best_changed = IsolationUsesXactSnapshot() && changed_since_snapshot(rel, slot);
 		if (rank == 0)
 		{
 			best = slot;		/* the caller's own live record: look no further */
@@ -581,7 +603,10 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 		best_rank = rank;
 	}
 	if (best)
+	{
 		read_record(call, best, fingerprint, rec);
+		rec->changed_since_snapshot = best_changed;
+	}
 
 	index_endscan(scan);
 	if (best && best != slot)
