@@ -9,9 +9,11 @@
  * plans prepared once per backend and relation: a call works on the table
  * itself, or with Citus on the scope's local shard, which citus.c chooses.
  * Every name in the plans is schema-qualified, operators included, so that
- * the caller's search_path cannot change their meaning.  The hot path,
- * claim's read and insert and complete's update, does without the executor
- * (keysheap.c): the read took replays from 0.68x to 0.95x a bare
+ * the caller's search_path cannot change their meaning, and every plan
+ * names the table with ONLY: a DBA's inheritance children of it hold no
+ * records, and a ctid (reap's) is unique only within one table.  The hot
+ * path, claim's read and insert and complete's update, does without the
+ * executor (keysheap.c): the read took replays from 0.68x to 0.95x a bare
  * primary-key SELECT (bench/run).
  *
  * A record belongs to the role that claimed it, and is seen only by roles
@@ -82,6 +84,13 @@
 /* Sets the claim's token to parameter n. */
 #define SET_TOKEN(n) TOKEN_ONLY(" token = " n ",")
 
+/* claim's insert of a new record (PLAN_INSERT*), and the types of its parameters. */
+#define INSERT_CLAIM "INSERT INTO idempotency.keys (fence, created_at, expires_at, lease_expires_at,"\
+	" lease, attempt, state, owner, scope, key, fingerprint" TOKEN_ONLY(", token") ")"\
+	" VALUES ($9, $6, $7, $8, $5, 1, " IN_PROGRESS ", $3, $1, $2, $4" TOKEN_ONLY(", $10") ")"
+#define INSERT_CLAIM_ARGTYPES TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, \
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, UUIDOID
+
 typedef enum PlanId
 {
 	PLAN_RESET,
@@ -93,6 +102,7 @@ typedef enum PlanId
 	PLAN_LOOKUP,
 	PLAN_REAP,
 	PLAN_INSERT,
+	PLAN_INSERT_ANY_ARBITER,
 	PLAN_COMPLETE,
 	NUM_PLANS
 } PlanId;
@@ -106,7 +116,7 @@ typedef struct PlanDef
 
 static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_RESET] = {
-		"UPDATE idempotency.keys SET fingerprint = $4, state = " IN_PROGRESS ","
+		"UPDATE ONLY idempotency.keys SET fingerprint = $4, state = " IN_PROGRESS ","
 		" fence = $9," SET_TOKEN("$10") " attempt = 1, lease = $5, lease_expires_at = $7" PLUS "$5,"
 		" recovery_point = NULL, recovery_state = NULL, status_code = NULL,"
 		" headers = NULL, body = NULL, created_at = $7, completed_at = NULL,"
@@ -116,7 +126,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		INT8OID, INT8OID, UUIDOID}
 	},
 	[PLAN_TAKEOVER] = {
-		"UPDATE idempotency.keys SET fence = $7," SET_TOKEN("$8") " attempt = attempt" PLUS "1,"
+		"UPDATE ONLY idempotency.keys SET fence = $7," SET_TOKEN("$8") " attempt = attempt" PLUS "1,"
 		" lease = $5, " LEASE_ENDS("$6" PLUS "$5")
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4 AND state" EQ IN_PROGRESS
 		" AND lease_expires_at" LE "$6 AND NOT (" EXPIRED_AT("$6") ")"
@@ -124,7 +134,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		8, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, INT8OID, UUIDOID}
 	},
 	[PLAN_RESTAMP] = {
-		"UPDATE idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
+		"UPDATE ONLY idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
 		" created_at = CASE WHEN $6 IS NULL THEN created_at ELSE $5 END,"
 		" expires_at = COALESCE($5" PLUS "$6, expires_at" PLUS
 		"GREATEST(($5" PLUS "lease)" MINUS "lease_expires_at, '0'::pg_catalog.interval))"
@@ -132,16 +142,16 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		6, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, TIMESTAMPTZOID, INTERVALOID}
 	},
 	[PLAN_RELEASE] = {
-		"DELETE FROM idempotency.keys WHERE " OWNED_BY_FENCE,
+		"DELETE FROM ONLY idempotency.keys WHERE " OWNED_BY_FENCE,
 		4, {TEXTOID, TEXTOID, INT8OID, REGROLEOID}
 	},
 	[PLAN_EXTEND] = {
-		"UPDATE idempotency.keys SET " LEASE_ENDS("$6" PLUS "COALESCE($5, lease)")
+		"UPDATE ONLY idempotency.keys SET " LEASE_ENDS("$6" PLUS "COALESCE($5, lease)")
 		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$6") ") RETURNING lease_expires_at",
 		6, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INTERVALOID, TIMESTAMPTZOID}
 	},
 	[PLAN_CHECKPOINT] = {
-		"UPDATE idempotency.keys SET recovery_point = $5, recovery_state = $6, "
+		"UPDATE ONLY idempotency.keys SET recovery_point = $5, recovery_state = $6, "
 		LEASE_ENDS("$7" PLUS "lease")
 		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$7") ")",
 		7, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, TEXTOID, JSONBOID, TIMESTAMPTZOID}
@@ -149,29 +159,35 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_LOOKUP] = {
 		"SELECT scope, key, fingerprint, state::pg_catalog.text, attempt, lease,"
 		" lease_expires_at, recovery_point, recovery_state, status_code, headers,"
-		" body, created_at, completed_at, expires_at FROM idempotency.keys"
+		" body, created_at, completed_at, expires_at FROM ONLY idempotency.keys"
 		" WHERE " KEY_IS " AND " SEEN_BY("$3") " AND NOT (" EXPIRED_AT("$4") ")"
 		" ORDER BY owner" NE "$3, owner::pg_catalog.oid LIMIT 1",
 		4, {TEXTOID, TEXTOID, REGROLEOID, TIMESTAMPTZOID}
 	},
 	[PLAN_REAP] = {
-		"DELETE FROM idempotency.keys WHERE ctid" EQ "ANY (ARRAY("
-		"SELECT ctid FROM idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")
+		"DELETE FROM ONLY idempotency.keys WHERE ctid" EQ "ANY (ARRAY("
+		"SELECT ctid FROM ONLY idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")
 		" AND " EXPIRED_AT("$1") " ORDER BY " EXPIRY_SECOND("expires_at") ", expires_at"
 		" LIMIT $2 FOR UPDATE SKIP LOCKED))",
 		2, {TIMESTAMPTZOID, INT4OID}
 	},
 	/* The executor's forms of keysheap.c's direct insert and update. */
 	[PLAN_INSERT] = {
-		"INSERT INTO idempotency.keys (fence, created_at, expires_at, lease_expires_at, lease,"
-		" attempt, state, owner, scope, key, fingerprint" TOKEN_ONLY(", token") ")"
-		" VALUES ($9, $6, $7, $8, $5, 1, " IN_PROGRESS ", $3, $1, $2, $4" TOKEN_ONLY(", $10") ")"
-		" ON CONFLICT (key, scope, owner) DO NOTHING",
-		10, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-		TIMESTAMPTZOID, INT8OID, UUIDOID}
+		INSERT_CLAIM " ON CONFLICT (key, scope, owner) DO NOTHING",
+		10, {INSERT_CLAIM_ARGTYPES}
+	},
+	/*
+	 * Where every unique index is the primary key or a copy of it (REINDEX
+	 * CONCURRENTLY's, not yet valid, which ON CONFLICT (key, scope, owner)
+	 * would not take as an arbiter but would check, raising 23505): all of
+	 * them are arbiters.
+	 */
+	[PLAN_INSERT_ANY_ARBITER] = {
+		INSERT_CLAIM " ON CONFLICT DO NOTHING",
+		10, {INSERT_CLAIM_ARGTYPES}
 	},
 	[PLAN_COMPLETE] = {
-		"UPDATE idempotency.keys SET" SET_TOKEN("NULL") " state = " COMPLETED ", status_code = $5, headers = $6,"
+		"UPDATE ONLY idempotency.keys SET" SET_TOKEN("NULL") " state = " COMPLETED ", status_code = $5, headers = $6,"
 		" body = $7, completed_at = $8, lease_expires_at = NULL, lease = NULL"
 		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$8") ")",
 		8, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INT4OID, JSONBOID, BYTEAOID, TIMESTAMPTZOID}
@@ -515,14 +531,17 @@ idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
 /*
  * idem_keys_insert through the executor, for a table on which the direct
  * insert would not do what INSERT does (keysheap.c): the primary key is the
- * only arbiter, any other unique violation is an error.  Returns false when
- * a record of (scope, key, caller) exists already; sets *fence.  The token
- * (NULL: none) is stored as the direct insert stores it.
+ * arbiter, and with any_arbiter so is every other unique index (the caller
+ * knows they are all copies of it), any other unique violation is an
+ * error.  Returns false when a record of (scope, key, caller) exists
+ * already; sets *fence.  The token (NULL: none) is stored as the direct
+ * insert stores it.
  */
 bool
 idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 					 Interval *lease, TimestampTz now, TimestampTz expires_at,
-					 TimestampTz lease_expires_at, const pg_uuid_t *token, int64 *fence)
+					 TimestampTz lease_expires_at, const pg_uuid_t *token, bool any_arbiter,
+					 int64 *fence)
 {
 	int64		new_fence = idem_keys_next_fence(0);
 	Datum		values[10] = {PointerGetDatum(scope), PointerGetDatum(key),
@@ -532,7 +551,8 @@ idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 	UUIDPGetDatum(token)};
 	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', token ? ' ' : 'n'};
 
-	if (run_plan(PLAN_INSERT, call, values, nulls, false) != 1)
+	if (run_plan(any_arbiter ? PLAN_INSERT_ANY_ARBITER : PLAN_INSERT, call, values, nulls,
+				 false) != 1)
 		return false;
 	*fence = new_fence;
 	return true;

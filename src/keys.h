@@ -94,7 +94,7 @@ extern uint64 idem_keys_reap(IdemCall *call, int batch, TimestampTz now);
 extern bool idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 								 Interval *lease, TimestampTz now, TimestampTz expires_at,
 								 TimestampTz lease_expires_at, const pg_uuid_t *token,
-								 int64 *fence);
+								 bool any_arbiter, int64 *fence);
 extern bool idem_keys_complete_sql(IdemCall *call, text *scope, text *key, int64 fence,
 								   int32 status_code, Jsonb *headers, bytea *body,
 								   TimestampTz now);
