@@ -4,8 +4,10 @@
 MODULE_big = idempotency
 OBJS = \
 	src/args.o \
+	src/catalog.o \
 	src/citus.o \
 	src/claim.o \
+	src/fence.o \
 	src/fingerprint.o \
 	src/guclist.o \
 	src/headers.o \

@@ -163,11 +163,45 @@ bounded_interval(FunctionCallInfo fcinfo, int argno, const char *name, const Int
 	return span;
 }
 
+/* Tells whether no field of span is positive: then now + span is not later than now. */
+static bool
+interval_not_positive(const Interval *span)
+{
+	return span->month <= 0 && span->day <= 0 && span->time <= 0;
+}
+
+/*
+ * Returns now + span, argument name, raising 22023 when PostgreSQL cannot
+ * compute it (a time before 4713 BC on the way), instead of the 22008 that
+ * the addition would raise.  Its negative fields, each at its longest
+ * (31-day months, 25-hour days), must keep every step of the addition after
+ * the earliest timestamp; its positive ones cannot overflow, each being at
+ * most 10000 years (bounded_interval).
+ */
+static TimestampTz
+arg_interval_end(TimestampTz now, const Interval *span, const char *name)
+{
+	int64		back = 0;
+
+	if (span->month < 0)
+		back += (int64) -span->month * 31 * USECS_PER_DAY;
+	if (span->day < 0)
+		back += (int64) -span->day * 25 * USECS_PER_HOUR;
+	if (span->time < 0)
+		back += -span->time;
+	if (now - back < MIN_TIMESTAMP)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" is out of range", name),
+				 errdetail("The interval must end at a time that PostgreSQL can represent.")));
+	return idem_interval_end(now, span);
+}
+
 /* Raises 22023 unless now + span is later than now. */
 static void
 require_positive(const Interval *span, TimestampTz now, const char *name)
 {
-	if (idem_interval_end(now, span) <= now)
+	if (interval_not_positive(span) || arg_interval_end(now, span, name) <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("argument \"%s\" must be positive", name),
@@ -208,8 +242,13 @@ idem_arg_wait_ms(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 {
 	Interval	none = {0};
 	Interval   *wait = bounded_interval(fcinfo, argno, "wait", &none);
-	TimestampTz end = idem_interval_end(now, wait);
+	bool		zero = (wait->month == 0 && wait->day == 0 && wait->time == 0);
+	TimestampTz end;
 
+	if (interval_not_positive(wait) && !zero)
+		end = DT_NOBEGIN;		/* earlier than now, known without computing it */
+	else
+		end = arg_interval_end(now, wait, "wait");
 	if (end < now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -51,6 +51,7 @@
 
 #include "citus.h"
 #include "idempotency.h"
+#include "fence.h"
 #include "keys.h"
 
 /*

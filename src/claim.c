@@ -21,6 +21,12 @@
  * what committed: it reads the record again after finding no writer, so
  * that a write that committed between its read and that check is seen.  Any other record goes as without a token; the token is
  * written with each `new` (insert, reset, takeover) and cleared by complete.
+ *
+ * Under REPEATABLE READ or SERIALIZABLE a claim reads under its
+ * transaction's snapshot.  A record that a transaction committed after the
+ * snapshot has changed (completed, released, extended, taken over) makes
+ * it fail with 40001, as an UPDATE of the record would, rather than answer
+ * from the past: with the token, `new` for a request that already ran.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -38,6 +44,7 @@
 
 #include "args.h"
 #include "citus.h"
+#include "fence.h"
 #include "idempotency.h"
 #include "keys.h"
 #include "keysheap.h"
@@ -264,6 +271,16 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 
 		found = idem_keys_fetch(call, a->scope, a->key, a->fingerprint, *now, &rec);
 		step = decide(&rec, found, a->token, call->caller, *now, r);
+
+		/*
+		 * An answer read from a record that a transaction committed after
+		 * the snapshot has changed (completed, released, extended) would
+		 * be stale: with the token, `new` for a request that completed.
+		 */
+		if ((step == STEP_ANSWER || step == STEP_RESUME) && rec.changed_since_snapshot)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
 		if (step == STEP_ANSWER)
 			return;
 		if (step == STEP_RESUME)

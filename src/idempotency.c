@@ -5,7 +5,9 @@
  *
  * The parts, one file each:
  *	  args.c		checks of the API's arguments
- *	  keys.c		access to idempotency.keys: the catalog, calls, fences, SPI plans
+ *	  catalog.c		what the extension knows of its objects: the table's columns, owner
+ *	  fence.c		fences: drawn from the sequence, made durable
+ *	  keys.c		the calls, and their statements on idempotency.keys (SPI plans)
  *	  keysheap.c	claim's read and insert, complete's update, without the executor
  *	  citus.c		idempotency.keys distributed with Citus: shards, NULL-scope guard
  *	  claim.c		claim()
@@ -13,12 +15,12 @@
  *	  headers.c		the response headers that complete() stores
  *	  fingerprint.c	fingerprint(), fingerprint_json()
  *	  stats.c		the counters of idempotency.stats
- *	  wait.c		claims waiting for an owner to finish
+ *	  wait.c		claims waiting for an owner to finish, or for a writer's transaction
  *	  reaper.c		the background reaper and reap()
  *	  guclist.c		settings that hold a list of names
  *	  shard.c		shard_hash(), shard_of()
- * Dependencies point one way: towards keys.c, stats.c, wait.c and this
- * file's settings; no two files use each other.
+ * Dependencies point one way: towards keys.c, catalog.c, fence.c,
+ * stats.c, wait.c and this file's settings; no two files use each other.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -30,9 +32,9 @@
 
 #include "citus.h"
 #include "compat.h"
+#include "fence.h"
 #include "headers.h"
 #include "idempotency.h"
-#include "keys.h"
 #include "reaper.h"
 #include "stats.h"
 #include "wait.h"
@@ -119,7 +121,7 @@ void
 _PG_init(void)
 {
 	define_settings();
-	idem_keys_init();
+	idem_fence_init();
 	idem_citus_init();
 	idem_reaper_init();
 	idem_stats_init();

@@ -1,17 +1,19 @@
 /*-------------------------------------------------------------------------
  * keys.c
- *	  Access to idempotency.keys: the catalog facts, waits for writers,
- *	  fences, and the writes and reads that are not on the hot path
- *	  (keysheap.c has those, and falls back to the plans here).
+ *	  The statements on idempotency.keys: a call of the API, as the table's
+ *	  owner, and the SPI plans of the writes and reads that are not on the
+ *	  hot path (keysheap.c has those, and falls back to the plans here).
  *
  * Application roles get no privilege on the table: each call acts as the
  * table's owner (owner.c: the right to call, the switch), and runs SPI
  * plans prepared once per backend and relation: a call works on the table
  * itself, or with Citus on the scope's local shard, which citus.c chooses.
  * Every name in the plans is schema-qualified, operators included, so that
- * the caller's search_path cannot change their meaning.  The hot path,
- * claim's read and insert and complete's update, does without the executor
- * (keysheap.c): the read took replays from 0.68x to 0.95x a bare
+ * the caller's search_path cannot change their meaning, and every plan
+ * names the table with ONLY: a DBA's inheritance children of it hold no
+ * records, and a ctid (reap's) is unique only within one table.  The hot
+ * path, claim's read and insert and complete's update, does without the
+ * executor (keysheap.c): the read took replays from 0.68x to 0.95x a bare
  * primary-key SELECT (bench/run).
  *
  * A record belongs to the role that claimed it, and is seen only by roles
@@ -23,51 +25,23 @@
  * WHERE clause repeats their condition wait for a concurrent writer of the
  * same record as PostgreSQL makes them.  A claim that must bound
  * that wait (its `wait`) finds the writing transaction first, with a dirty
- * read, and waits for it here, where a timeout can be caught.
+ * read, and waits for it (wait.c), where a timeout can be caught.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/detoast.h"
-#include "access/genam.h"
 #include "access/htup_details.h"
-#include "access/relation.h"
-#include "access/skey.h"
-#include "access/stratnum.h"
-#include "access/table.h"
-#include "access/tableam.h"
-#include "access/xact.h"
-#include "access/xlog.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_collation.h"
-#include "catalog/pg_enum.h"
 #include "catalog/pg_type.h"
-#include "commands/sequence.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
-#include "executor/tuptable.h"
 #include "miscadmin.h"
-#include "parser/parse_relation.h"
-#include "replication/syncrep.h"
-#include "replication/walsender.h"
-#include "replication/walsender_private.h"
-#include "storage/bufmgr.h"
-#include "storage/ipc.h"
-#include "storage/lmgr.h"
-#include "storage/lwlock.h"
-#include "storage/proc.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
 #include "utils/hsearch.h"
-#include "utils/inval.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/rel.h"
-#include "utils/resowner.h"
-#include "utils/snapmgr.h"
-#include "utils/syscache.h"
+#include "utils/timestamp.h"
 
 #include "compat.h"
+#include "fence.h"
 #include "keys.h"
 
 /*
@@ -110,6 +84,13 @@
 /* Sets the claim's token to parameter n. */
 #define SET_TOKEN(n) TOKEN_ONLY(" token = " n ",")
 
+/* claim's insert of a new record (PLAN_INSERT*), and the types of its parameters. */
+#define INSERT_CLAIM "INSERT INTO idempotency.keys (fence, created_at, expires_at, lease_expires_at,"\
+	" lease, attempt, state, owner, scope, key, fingerprint" TOKEN_ONLY(", token") ")"\
+	" VALUES ($9, $6, $7, $8, $5, 1, " IN_PROGRESS ", $3, $1, $2, $4" TOKEN_ONLY(", $10") ")"
+#define INSERT_CLAIM_ARGTYPES TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, \
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, UUIDOID
+
 typedef enum PlanId
 {
 	PLAN_RESET,
@@ -121,6 +102,7 @@ typedef enum PlanId
 	PLAN_LOOKUP,
 	PLAN_REAP,
 	PLAN_INSERT,
+	PLAN_INSERT_ANY_ARBITER,
 	PLAN_COMPLETE,
 	NUM_PLANS
 } PlanId;
@@ -134,7 +116,7 @@ typedef struct PlanDef
 
 static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_RESET] = {
-		"UPDATE idempotency.keys SET fingerprint = $4, state = " IN_PROGRESS ","
+		"UPDATE ONLY idempotency.keys SET fingerprint = $4, state = " IN_PROGRESS ","
 		" fence = $9," SET_TOKEN("$10") " attempt = 1, lease = $5, lease_expires_at = $7" PLUS "$5,"
 		" recovery_point = NULL, recovery_state = NULL, status_code = NULL,"
 		" headers = NULL, body = NULL, created_at = $7, completed_at = NULL,"
@@ -144,7 +126,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		INT8OID, INT8OID, UUIDOID}
 	},
 	[PLAN_TAKEOVER] = {
-		"UPDATE idempotency.keys SET fence = $7," SET_TOKEN("$8") " attempt = attempt" PLUS "1,"
+		"UPDATE ONLY idempotency.keys SET fence = $7," SET_TOKEN("$8") " attempt = attempt" PLUS "1,"
 		" lease = $5, " LEASE_ENDS("$6" PLUS "$5")
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4 AND state" EQ IN_PROGRESS
 		" AND lease_expires_at" LE "$6 AND NOT (" EXPIRED_AT("$6") ")"
@@ -152,7 +134,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		8, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, INT8OID, UUIDOID}
 	},
 	[PLAN_RESTAMP] = {
-		"UPDATE idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
+		"UPDATE ONLY idempotency.keys SET lease_expires_at = $5" PLUS "lease,"
 		" created_at = CASE WHEN $6 IS NULL THEN created_at ELSE $5 END,"
 		" expires_at = COALESCE($5" PLUS "$6, expires_at" PLUS
 		"GREATEST(($5" PLUS "lease)" MINUS "lease_expires_at, '0'::pg_catalog.interval))"
@@ -160,16 +142,16 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		6, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, TIMESTAMPTZOID, INTERVALOID}
 	},
 	[PLAN_RELEASE] = {
-		"DELETE FROM idempotency.keys WHERE " OWNED_BY_FENCE,
+		"DELETE FROM ONLY idempotency.keys WHERE " OWNED_BY_FENCE,
 		4, {TEXTOID, TEXTOID, INT8OID, REGROLEOID}
 	},
 	[PLAN_EXTEND] = {
-		"UPDATE idempotency.keys SET " LEASE_ENDS("$6" PLUS "COALESCE($5, lease)")
+		"UPDATE ONLY idempotency.keys SET " LEASE_ENDS("$6" PLUS "COALESCE($5, lease)")
 		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$6") ") RETURNING lease_expires_at",
 		6, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INTERVALOID, TIMESTAMPTZOID}
 	},
 	[PLAN_CHECKPOINT] = {
-		"UPDATE idempotency.keys SET recovery_point = $5, recovery_state = $6, "
+		"UPDATE ONLY idempotency.keys SET recovery_point = $5, recovery_state = $6, "
 		LEASE_ENDS("$7" PLUS "lease")
 		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$7") ")",
 		7, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, TEXTOID, JSONBOID, TIMESTAMPTZOID}
@@ -177,29 +159,35 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_LOOKUP] = {
 		"SELECT scope, key, fingerprint, state::pg_catalog.text, attempt, lease,"
 		" lease_expires_at, recovery_point, recovery_state, status_code, headers,"
-		" body, created_at, completed_at, expires_at FROM idempotency.keys"
+		" body, created_at, completed_at, expires_at FROM ONLY idempotency.keys"
 		" WHERE " KEY_IS " AND " SEEN_BY("$3") " AND NOT (" EXPIRED_AT("$4") ")"
 		" ORDER BY owner" NE "$3, owner::pg_catalog.oid LIMIT 1",
 		4, {TEXTOID, TEXTOID, REGROLEOID, TIMESTAMPTZOID}
 	},
 	[PLAN_REAP] = {
-		"DELETE FROM idempotency.keys WHERE ctid" EQ "ANY (ARRAY("
-		"SELECT ctid FROM idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")
+		"DELETE FROM ONLY idempotency.keys WHERE ctid" EQ "ANY (ARRAY("
+		"SELECT ctid FROM ONLY idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")
 		" AND " EXPIRED_AT("$1") " ORDER BY " EXPIRY_SECOND("expires_at") ", expires_at"
 		" LIMIT $2 FOR UPDATE SKIP LOCKED))",
 		2, {TIMESTAMPTZOID, INT4OID}
 	},
 	/* The executor's forms of keysheap.c's direct insert and update. */
 	[PLAN_INSERT] = {
-		"INSERT INTO idempotency.keys (fence, created_at, expires_at, lease_expires_at, lease,"
-		" attempt, state, owner, scope, key, fingerprint" TOKEN_ONLY(", token") ")"
-		" VALUES ($9, $6, $7, $8, $5, 1, " IN_PROGRESS ", $3, $1, $2, $4" TOKEN_ONLY(", $10") ")"
-		" ON CONFLICT (key, scope, owner) DO NOTHING",
-		10, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-		TIMESTAMPTZOID, INT8OID, UUIDOID}
+		INSERT_CLAIM " ON CONFLICT (key, scope, owner) DO NOTHING",
+		10, {INSERT_CLAIM_ARGTYPES}
+	},
+	/*
+	 * Where every unique index is the primary key or a copy of it (REINDEX
+	 * CONCURRENTLY's, not yet valid, which ON CONFLICT (key, scope, owner)
+	 * would not take as an arbiter but would check, raising 23505): all of
+	 * them are arbiters.
+	 */
+	[PLAN_INSERT_ANY_ARBITER] = {
+		INSERT_CLAIM " ON CONFLICT DO NOTHING",
+		10, {INSERT_CLAIM_ARGTYPES}
 	},
 	[PLAN_COMPLETE] = {
-		"UPDATE idempotency.keys SET" SET_TOKEN("NULL") " state = " COMPLETED ", status_code = $5, headers = $6,"
+		"UPDATE ONLY idempotency.keys SET" SET_TOKEN("NULL") " state = " COMPLETED ", status_code = $5, headers = $6,"
 		" body = $7, completed_at = $8, lease_expires_at = NULL, lease = NULL"
 		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$8") ")",
 		8, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, INT4OID, JSONBOID, BYTEAOID, TIMESTAMPTZOID}
@@ -222,205 +210,10 @@ typedef struct PlanSet
 static HTAB *plan_sets = NULL;
 static PlanSet *last_plan_set = NULL;
 
-/* The fence lock's tranche, and whether it was asked for (the library was preloaded). */
-#define FENCE_TRANCHE "idempotency fence"
-static bool fence_lock_requested = false;
-
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-
 /* Whether this call has connected to SPI: only calls that run a plan do. */
 static bool spi_connected = false;
 
-static IdemKeysCatalog catalog;
-
-/* The columns of idempotency.keys, by IdemKeysColumn. */
-static const char *const column_names[IDEM_NUM_COLS] = {
-	[IDEM_COL_FENCE] = "fence",
-	[IDEM_COL_CREATED_AT] = "created_at",
-	[IDEM_COL_EXPIRES_AT] = "expires_at",
-	[IDEM_COL_LEASE_EXPIRES_AT] = "lease_expires_at",
-	[IDEM_COL_COMPLETED_AT] = "completed_at",
-	[IDEM_COL_LEASE] = "lease",
-	[IDEM_COL_ATTEMPT] = "attempt",
-	[IDEM_COL_STATUS_CODE] = "status_code",
-	[IDEM_COL_STATE] = "state",
-	[IDEM_COL_OWNER] = "owner",
-	[IDEM_COL_SCOPE] = "scope",
-	[IDEM_COL_KEY] = "key",
-	[IDEM_COL_FINGERPRINT] = "fingerprint",
-	[IDEM_COL_RECOVERY_POINT] = "recovery_point",
-	[IDEM_COL_RECOVERY_STATE] = "recovery_state",
-	[IDEM_COL_HEADERS] = "headers",
-	[IDEM_COL_BODY] = "body",
-	[IDEM_COL_TOKEN] = "token",
-};
-static bool catalog_valid = false;
-
-/*
- * The types of the columns, as the extension made them (without a type
- * modifier); InvalidOid for state, whose type is idempotency.state.  The
- * direct reads and writes take and store values of exactly these types.
- */
-static const Oid column_types[IDEM_NUM_COLS] = {
-	[IDEM_COL_FENCE] = INT8OID,
-	[IDEM_COL_CREATED_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_EXPIRES_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_LEASE_EXPIRES_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_COMPLETED_AT] = TIMESTAMPTZOID,
-	[IDEM_COL_LEASE] = INTERVALOID,
-	[IDEM_COL_ATTEMPT] = INT4OID,
-	[IDEM_COL_STATUS_CODE] = INT4OID,
-	[IDEM_COL_STATE] = InvalidOid,
-	[IDEM_COL_OWNER] = REGROLEOID,
-	[IDEM_COL_SCOPE] = TEXTOID,
-	[IDEM_COL_KEY] = TEXTOID,
-	[IDEM_COL_FINGERPRINT] = BYTEAOID,
-	[IDEM_COL_RECOVERY_POINT] = TEXTOID,
-	[IDEM_COL_RECOVERY_STATE] = JSONBOID,
-	[IDEM_COL_HEADERS] = JSONBOID,
-	[IDEM_COL_BODY] = BYTEAOID,
-	[IDEM_COL_TOKEN] = UUIDOID,
-};
-
-PG_FUNCTION_INFO_V1(idempotency_fence_at_least);
 PG_FUNCTION_INFO_V1(idempotency_expiry_second);
-
-/* Asks for the fence lock. */
-static void
-keys_shmem_request(void)
-{
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-	RequestNamedLWLockTranche(FENCE_TRANCHE, 1);
-}
-
-/* Asks for the fence lock in shared memory, when preloading; called from _PG_init. */
-void
-idem_keys_init(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = keys_shmem_request;
-	fence_lock_requested = true;
-}
-
-/* Forgets the cached catalog facts when the table's relcache entry goes. */
-static void
-catalog_invalidate(Datum arg, Oid relid)
-{
-	if (relid == InvalidOid || relid == catalog.keys.relid ||
-		relid == catalog.fence_seq_relid)
-		catalog_valid = false;
-}
-
-/*
- * Raises 42804 unless column col of rel (named name), number attnum, has
- * the type, and for the key's columns the collation, the extension gave it:
- * a DBA's ALTER COLUMN ... TYPE makes the API refuse, clearly, rather than
- * read or store a value of the wrong type.
- */
-static void
-check_column_type(Relation rel, const char *name, IdemKeysColumn col, AttrNumber attnum)
-{
-	Form_pg_attribute attr = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
-	Oid			type = column_types[col];
-	bool		c_collated = (col == IDEM_COL_SCOPE || col == IDEM_COL_KEY);
-	bool		collation_differs;
-
-	if (!OidIsValid(type))
-		type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid, CStringGetDatum("state"),
-							   ObjectIdGetDatum(RelationGetNamespace(rel)));
-	collation_differs = c_collated && attr->atttypid == type &&
-		attr->attcollation != C_COLLATION_OID;
-	if (attr->atttypid != type || attr->atttypmod != -1 || collation_differs)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("column \"%s\" of %s has type %s%s, not %s%s",
-						column_names[col], name,
-						format_type_with_typemod(attr->atttypid, attr->atttypmod),
-						collation_differs ? " in another collation" : "",
-						format_type_be(type), c_collated ? " COLLATE \"C\"" : ""),
-				 errdetail("The extension reads and writes the columns of its table with the types it made them with."),
-				 errhint("Change the column back with ALTER TABLE %s ALTER COLUMN %s TYPE %s%s.",
-						 name, quote_identifier(column_names[col]), format_type_be(type),
-						 c_collated ? " COLLATE \"C\"" : "")));
-}
-
-/*
- * Describes a relation that holds records (idempotency.keys or a shard of
- * it): its OID, its name for SQL, and the numbers of its columns (token's
- * InvalidAttrNumber on a table of version 1.1).
- */
-void
-idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
-{
-	const char *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
-												  RelationGetRelationName(rel));
-
-	out->relid = RelationGetRelid(rel);
-	if (strlcpy(out->name, name, sizeof(out->name)) >= sizeof(out->name))
-		elog(ERROR, "relation name %s is too long", name);
-	for (int i = 0; i < IDEM_NUM_COLS; i++)
-	{
-		out->att[i] = attnameAttNum(rel, column_names[i], false);
-		if (out->att[i] == InvalidAttrNumber && i != IDEM_COL_TOKEN)
-			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
-		if (out->att[i] != InvalidAttrNumber)
-			check_column_type(rel, name, (IdemKeysColumn) i, out->att[i]);
-	}
-}
-
-/* Returns the enum value of label in type enumtype; raises when it is missing. */
-static Oid
-enum_label(Oid enumtype, const char *label)
-{
-	Oid			oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-									  ObjectIdGetDatum(enumtype), CStringGetDatum(label));
-
-	if (!OidIsValid(oid))
-		elog(ERROR, "enum label \"%s\" of idempotency.state does not exist", label);
-	return oid;
-}
-
-/* Returns the catalog facts about the extension's objects, cached per backend. */
-const IdemKeysCatalog *
-idem_keys_catalog(void)
-{
-	static bool callbacks_registered = false;
-	IdemKeysCatalog *c = &catalog;
-	Relation	rel;
-	Oid			keys_relid;
-	Oid			state_type;
-
-	if (catalog_valid)
-		return c;
-
-	c->namespace = get_namespace_oid("idempotency", false);
-	keys_relid = get_relname_relid("keys", c->namespace);
-	c->fence_seq_relid = get_relname_relid("fence_seq", c->namespace);
-	if (!OidIsValid(keys_relid) || !OidIsValid(c->fence_seq_relid))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("relation \"idempotency.keys\" does not exist"),
-				 errhint("Run CREATE EXTENSION idempotency.")));
-
-	rel = table_open(keys_relid, AccessShareLock);
-	c->table_owner = rel->rd_rel->relowner;
-	idem_keys_rel_describe(rel, &c->keys);
-	state_type = TupleDescAttr(RelationGetDescr(rel), c->keys.att[IDEM_COL_STATE] - 1)->atttypid;
-	table_close(rel, AccessShareLock);
-	c->in_progress_label = enum_label(state_type, "in_progress");
-	c->completed_label = enum_label(state_type, "completed");
-
-	if (!callbacks_registered)
-	{
-		CacheRegisterRelcacheCallback(catalog_invalidate, (Datum) 0);
-		callbacks_registered = true;
-	}
-	catalog_valid = true;
-	return c;
-}
 
 /*
  * Checks that the caller may use the API and acts as the table's owner, as
@@ -450,75 +243,6 @@ idem_call_end(IdemCall *call)
 		SPI_finish();
 	spi_connected = false;
 	idem_owner_leave(&call->owner_save);
-}
-
-/* Hashes (scope, key): where claims waiting for its owner sleep. */
-uint64
-idem_key_hash(text *scope, text *key)
-{
-	uint64		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
-										VARSIZE_ANY_EXHDR(key), 0);
-
-	return hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(scope),
-												 VARSIZE_ANY_EXHDR(scope), 0));
-}
-
-/*
- * Waits for transaction xid to end, at most timeout_ms (< 0: without bound
- * but lock_timeout).  The bounded wait runs in a subtransaction in which
- * lock_timeout is at most timeout_ms, so that the timeout can be caught; an
- * error other than that timeout (a cancel, a deadlock, the caller's shorter
- * lock_timeout) is raised again.  Returns whether xid has ended.
- */
-bool
-idem_wait_for_xact(TransactionId xid, long timeout_ms)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	int			saved_lock_timeout = LockTimeout;
-	bool		ours = (LockTimeout <= 0 || LockTimeout > timeout_ms);
-	volatile bool ended = false;
-
-	if (timeout_ms < 0)
-	{
-		XactLockTableWait(xid, NULL, NULL, XLTW_None);
-		return true;
-	}
-	if (ConditionalXactLockTableWait(xid))
-		return true;
-	if (timeout_ms == 0)
-		return false;
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		if (ours)
-			LockTimeout = (int) Min(timeout_ms, INT_MAX);
-		XactLockTableWait(xid, NULL, NULL, XLTW_None);
-		LockTimeout = saved_lock_timeout;
-		ReleaseCurrentSubTransaction();
-		ended = true;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		LockTimeout = saved_lock_timeout;
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
-		if (!ours || edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			ReThrowError(edata);
-		FreeErrorData(edata);
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-	return ended;
 }
 
 /*
@@ -649,73 +373,6 @@ result_varlena(int n, MemoryContext cxt)
 	return idem_varlena_copy(value, isnull, cxt);
 }
 
-/* The lock under which fences are drawn; NULL without preloading. */
-static LWLock *
-fence_lock(void)
-{
-	static LWLock *lock = NULL;
-
-	if (lock == NULL && fence_lock_requested)
-		lock = &GetNamedLWLockTranche(FENCE_TRANCHE)->lock;
-	return lock;
-}
-
-/*
- * Returns a new fence of at least at_least from sequence seq: its next value,
- * or at_least, with the sequence raised to it, when the sequence is behind.
- * It is behind only with Citus, for records that came with a shard move
- * (their fence + 1) and for the floor after shards arrive (citus.c).
- *
- * A draw that may raise the sequence holds the fence lock exclusively, the
- * others share it: setval must not move the sequence back below a value that
- * another backend drew between this nextval and this setval.  The sequence's
- * own lock is taken first, so that nothing waits for it while holding ours.
- * idem_keys_flush_fence covers a setval as it covers nextval: it flushes the
- * sequence page's LSN.
- */
-static int64
-next_fence(Oid seq, int64 at_least)
-{
-	LWLock	   *lock = fence_lock();
-	int64		fence;
-
-	if (lock)
-	{
-		LockRelationOid(seq, RowExclusiveLock);
-		LWLockAcquire(lock, at_least > 0 ? LW_EXCLUSIVE : LW_SHARED);
-	}
-	fence = nextval_internal(seq, false);
-	if (fence < at_least)
-	{
-		DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seq), Int64GetDatum(at_least));
-		fence = at_least;
-	}
-	if (lock)
-		LWLockRelease(lock);
-	return fence;
-}
-
-/* Returns a new fence of at least at_least (see next_fence). */
-int64
-idem_keys_next_fence(int64 at_least)
-{
-	return next_fence(idem_keys_catalog()->fence_seq_relid, at_least);
-}
-
-/*
- * _fence_at_least(at_least): draws a fence of at least at_least, raising the
- * fence sequence when it is behind; citus_distribute raises every node's
- * sequence with it.  It does not touch idempotency.keys, which the caller
- * may have locked (citus_distribute, through a connection to this node).
- */
-Datum
-idempotency_fence_at_least(PG_FUNCTION_ARGS)
-{
-	Oid			seq = get_relname_relid("fence_seq", get_namespace_oid("idempotency", false));
-
-	PG_RETURN_INT64(next_fence(seq, PG_GETARG_INT64(0)));
-}
-
 /* The whole second, rounded down, of a timestamp: the reaper's index key. */
 Datum
 idempotency_expiry_second(PG_FUNCTION_ARGS)
@@ -793,81 +450,6 @@ idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence
 	if (run_plan(PLAN_RESTAMP, call, values, nulls, false) != 1)
 		elog(ERROR, "the claim just won of idempotency key \"%s\" is gone",
 			 text_to_cstring(key));
-}
-
-/*
- * Waits until the synchronous standbys have the WAL up to lsn, when
- * synchronous replication is in force, as a commit waits for its record.
- * Only a claim that drew a new batch of the fence sequence gets here with an
- * lsn not yet confirmed: one wait per 32 fences.  Cancel and statement_timeout
- * end the wait (SyncRepWaitForLSN warns) and then fail the claim, since its
- * fence may be unknown to a standby that is promoted; terminate ends the
- * backend.  Without synchronous standbys configured it returns at once.
- * (Should they have just been removed, a claim waiting meanwhile is
- * released unconfirmed and fails once; its retry does not wait.)
- */
-static void
-wait_for_sync_standbys(XLogRecPtr lsn)
-{
-	static XLogRecPtr confirmed = InvalidXLogRecPtr;
-	int			mode;
-	bool		reached;
-
-	/*
-	 * This backend's synchronous_standby_names, as of its last reload, tells
-	 * whether there is anything to wait for: no SyncRepLock is taken then.
-	 */
-	if (lsn <= confirmed || !SyncRepRequested() ||
-		SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0')
-		return;
-
-	/* SyncRepWaitForLSN handles interrupts itself, as during a commit. */
-	HOLD_INTERRUPTS();
-	SyncRepWaitForLSN(lsn, false);
-	RESUME_INTERRUPTS();
-	CHECK_FOR_INTERRUPTS();
-
-	/* A wait that is not capped to remote_write waits for remote_flush. */
-	mode = synchronous_commit == SYNCHRONOUS_COMMIT_REMOTE_WRITE ?
-		SYNC_REP_WAIT_WRITE : SYNC_REP_WAIT_FLUSH;
-	LWLockAcquire(SyncRepLock, LW_SHARED);
-	reached = lsn <= WalSndCtl->lsn[mode];
-	LWLockRelease(SyncRepLock);
-	if (reached)
-		confirmed = lsn;
-	else
-		ereport(ERROR,
-				(errcode(ERRCODE_QUERY_CANCELED),
-				 errmsg("canceling claim before its fence reached the synchronous standby"),
-				 errdetail("A fence is handed out only once the synchronous standbys have it, so that a promoted standby cannot hand it out again.")));
-}
-
-/*
- * Makes the fence just handed out durable before anyone sees it.
- *
- * A sequence is WAL-logged once per 32 values, and that record is flushed
- * only by some later commit.  Should the server crash before then, the
- * sequence would restart below a fence already given to a client whose claim
- * never committed, and hand that fence out again: the old client's complete
- * would then succeed on the new owner's claim.  The same holds for a
- * synchronous standby that is promoted without that record, so the claim
- * also waits for the synchronous standbys to have it.  Flushing up to the
- * sequence page's LSN costs nothing when that record is already on disk (31
- * claims in 32), and one WAL flush otherwise.  Call it after idem_call_end.
- */
-void
-idem_keys_flush_fence(void)
-{
-	Relation	seqrel = relation_open(idem_keys_catalog()->fence_seq_relid, AccessShareLock);
-	Buffer		buf = ReadBuffer(seqrel, 0);
-	XLogRecPtr	lsn;
-
-	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	lsn = PageGetLSN(BufferGetPage(buf));
-	UnlockReleaseBuffer(buf);
-	relation_close(seqrel, AccessShareLock);
-	XLogFlush(lsn);
-	wait_for_sync_standbys(lsn);
 }
 
 /* Deletes the claim if this fence owns it and the caller sees it. */
@@ -949,14 +531,17 @@ idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
 /*
  * idem_keys_insert through the executor, for a table on which the direct
  * insert would not do what INSERT does (keysheap.c): the primary key is the
- * only arbiter, any other unique violation is an error.  Returns false when
- * a record of (scope, key, caller) exists already; sets *fence.  The token
- * (NULL: none) is stored as the direct insert stores it.
+ * arbiter, and with any_arbiter so is every other unique index (the caller
+ * knows they are all copies of it), any other unique violation is an
+ * error.  Returns false when a record of (scope, key, caller) exists
+ * already; sets *fence.  The token (NULL: none) is stored as the direct
+ * insert stores it.
  */
 bool
 idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 					 Interval *lease, TimestampTz now, TimestampTz expires_at,
-					 TimestampTz lease_expires_at, const pg_uuid_t *token, int64 *fence)
+					 TimestampTz lease_expires_at, const pg_uuid_t *token, bool any_arbiter,
+					 int64 *fence)
 {
 	int64		new_fence = idem_keys_next_fence(0);
 	Datum		values[10] = {PointerGetDatum(scope), PointerGetDatum(key),
@@ -966,7 +551,8 @@ idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 	UUIDPGetDatum(token)};
 	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', token ? ' ' : 'n'};
 
-	if (run_plan(PLAN_INSERT, call, values, nulls, false) != 1)
+	if (run_plan(any_arbiter ? PLAN_INSERT_ANY_ARBITER : PLAN_INSERT, call, values, nulls,
+				 false) != 1)
 		return false;
 	*fence = new_fence;
 	return true;

@@ -1,6 +1,7 @@
 /*-------------------------------------------------------------------------
  * keys.h
- *	  Access to idempotency.keys, the table of records (keys.c).
+ *	  The calls of the API and their statements on idempotency.keys, the
+ *	  table of records (keys.c).
  *
  * Every read and write of a record goes through here, as the table's
  * owner, between idem_call_begin and idem_call_end, on the call's relation.
@@ -14,67 +15,10 @@
 #include "access/htup.h"
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
-#include "utils/relcache.h"
 #include "utils/uuid.h"
 
+#include "catalog.h"
 #include "owner.h"
-
-/* The columns of idempotency.keys. */
-typedef enum IdemKeysColumn
-{
-	IDEM_COL_FENCE,
-	IDEM_COL_CREATED_AT,
-	IDEM_COL_EXPIRES_AT,
-	IDEM_COL_LEASE_EXPIRES_AT,
-	IDEM_COL_COMPLETED_AT,
-	IDEM_COL_LEASE,
-	IDEM_COL_ATTEMPT,
-	IDEM_COL_STATUS_CODE,
-	IDEM_COL_STATE,
-	IDEM_COL_OWNER,
-	IDEM_COL_SCOPE,
-	IDEM_COL_KEY,
-	IDEM_COL_FINGERPRINT,
-	IDEM_COL_RECOVERY_POINT,
-	IDEM_COL_RECOVERY_STATE,
-	IDEM_COL_HEADERS,
-	IDEM_COL_BODY,
-	IDEM_COL_TOKEN,				/* from 1.2: InvalidAttrNumber in att[] before */
-	IDEM_NUM_COLS
-} IdemKeysColumn;
-
-/* Whether an IdemKeysRel has claim's token column (1.2). */
-#define IDEM_HAS_TOKEN(rel) ((rel)->att[IDEM_COL_TOKEN] != InvalidAttrNumber)
-
-/* Room for a qualified, quoted relation name. */
-#define IDEM_REL_NAME_SIZE (2 * NAMEDATALEN + 8)
-
-/*
- * A relation that holds records: idempotency.keys itself, or, when Citus
- * distributes it, one of its shards (whose column numbers may differ).
- */
-typedef struct IdemKeysRel
-{
-	Oid			relid;
-	char		name[IDEM_REL_NAME_SIZE];	/* qualified and quoted, for the SPI plans */
-	AttrNumber	att[IDEM_NUM_COLS];
-} IdemKeysRel;
-
-/*
- * What the calls need to know of the extension's objects, looked up once per
- * backend and forgotten when the table's relcache entry is invalidated (DROP
- * and CREATE EXTENSION): the table's owner, as whom every call runs, and
- * its columns, which the direct reads and writes use.
- */
-typedef struct IdemKeysCatalog
-{
-	Oid			namespace;
-	IdemKeysRel keys;
-	Oid			fence_seq_relid;
-	Oid			table_owner;
-	Oid			in_progress_label;	/* the enum values of idempotency.state */
-	Oid			completed_label;
-} IdemKeysCatalog;
 
 /*
  * One call of the API: who called, the relation that holds the records it
@@ -98,6 +42,11 @@ typedef struct IdemRecord
 	TimestampTz lease_expires_at;	/* DT_NOBEGIN when NULL (completed) */
 	TimestampTz expires_at;
 	TimestampTz created_at;
+	/*
+	 * Under REPEATABLE READ or SERIALIZABLE: a transaction that committed
+	 * after the snapshot was taken changed or deleted this record.
+	 */
+	bool		changed_since_snapshot;
 	/* An in-progress record's claim token; then its attempt and recovery point too. */
 	bool		has_token;
 	pg_uuid_t	token;
@@ -120,18 +69,10 @@ typedef struct IdemTakeover
 	TimestampTz created_at;
 } IdemTakeover;
 
-extern void idem_keys_init(void);
-extern const IdemKeysCatalog *idem_keys_catalog(void);
-extern void idem_keys_rel_describe(Relation rel, IdemKeysRel *out);
 extern void idem_call_begin(IdemCall *call);
 extern void idem_call_end(IdemCall *call);
 
-extern uint64 idem_key_hash(text *scope, text *key);
 extern struct varlena *idem_varlena_copy(Datum value, bool isnull, MemoryContext cxt);
-extern bool idem_wait_for_xact(TransactionId xid, long timeout_ms);
-
-extern int64 idem_keys_next_fence(int64 at_least);
-extern void idem_keys_flush_fence(void);
 
 extern bool idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 							int64 old_fence, Interval *lease, Interval *retention,
@@ -153,7 +94,7 @@ extern uint64 idem_keys_reap(IdemCall *call, int batch, TimestampTz now);
 extern bool idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 								 Interval *lease, TimestampTz now, TimestampTz expires_at,
 								 TimestampTz lease_expires_at, const pg_uuid_t *token,
-								 int64 *fence);
+								 bool any_arbiter, int64 *fence);
 extern bool idem_keys_complete_sql(IdemCall *call, text *scope, text *key, int64 fence,
 								   int32 status_code, Jsonb *headers, bytea *body,
 								   TimestampTz now);

@@ -31,11 +31,20 @@
  * what INSERT and UPDATE would (writes_are_plain, decided once per relcache
  * build): when a DBA adds a trigger, a foreign key, a rule, a policy, a
  * CHECK constraint, a default or NOT NULL column, or a unique index other
- * than the primary key, they go through the executor instead (keys.c's
- * plans of the same writes), slower but with every rule applied.  Indexes,
- * expression and partial ones included, any number of them, are maintained
- * here as the executor maintains them.  The columns' types are checked
- * (keys.c): a changed type makes the API refuse, never store a wrong value.
+ * than the primary key and its copies, or attaches the table as a
+ * partition, they go through the executor instead (keys.c's plans of the
+ * same writes), slower but with every rule applied.  Indexes, expression
+ * and partial ones included, any number of them, are maintained here as
+ * the executor maintains them.  The columns' types are checked (catalog.c):
+ * a changed type makes the API refuse, never store a wrong value.
+ *
+ * A copy of the primary key (REINDEX CONCURRENTLY's new index while it is
+ * built, its old one until it is dropped) is an arbiter like the primary
+ * key: a concurrent claim's record there sends the claim round again, as
+ * in the primary key.  PostgreSQL's ON CONFLICT (key, scope, owner) takes
+ * only valid indexes as arbiters and checks the others as it checks any
+ * unique index, failing with 23505 in that race: the executor's insert
+ * names no arbiter when the copies are the only other unique indexes.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -71,6 +80,7 @@
 
 #include "args.h"
 #include "compat.h"
+#include "fence.h"
 #include "keys.h"
 #include "keysheap.h"
 
@@ -81,12 +91,14 @@ typedef struct KeysRel
 	int			nindexes;
 	Relation   *indexes;
 	IndexInfo **info;
+	bool	   *arbiter;		/* the primary key, or a copy of it (is_key_copy) */
+	bool		only_arbiters;	/* no unique or exclusion index but those */
 	bool		direct;			/* the direct write does what the executor would */
 } KeysRel;
 
 /*
  * What a relation that holds records is, decided once per relcache build
- * of it: its column numbers (described, so their types checked, by keys.c)
+ * of it: its column numbers (described, so their types checked, by catalog.c)
  * and whether the direct writes may be taken on it (-1: not decided yet).
  * Entries of a relation are forgotten in the invalidation callback: they
  * hold no pointers, and are read only once the relation and its indexes are
@@ -184,7 +196,7 @@ make_room_for_index_infos(int n)
 
 /*
  * Returns the facts of rel, the call's relation, open with its indexes;
- * raises 42804 when a column's type changed (keys.c), and 40001 when its
+ * raises 42804 when a column's type changed (catalog.c), and 40001 when its
  * columns moved since the call described it (within a transaction that
  * had not yet seen the change).
  */
@@ -228,15 +240,72 @@ column_of(const RelFacts *f, AttrNumber attnum)
 }
 
 /*
+ * Tells whether index is a copy of the primary key pk: unique, immediate,
+ * whole (no expression, no predicate), on the same columns with the same
+ * access method, operator classes, collations and options.  REINDEX
+ * CONCURRENTLY makes one, ready for inserts before it is valid, and keeps
+ * the old one, no longer valid, until it drops it; a DBA may make one.  A
+ * conflict in a copy is a conflict of the same (scope, key, owner): a
+ * claim's race, decided there as in the primary key, never a 23505.
+ */
+static bool
+is_key_copy(Relation index, const IndexInfo *info, Relation pk)
+{
+	Form_pg_index form = index->rd_index;
+	Form_pg_index pkform = pk->rd_index;
+
+	if (!form->indisunique || !form->indimmediate || info->ii_Expressions != NIL ||
+		info->ii_Predicate != NIL || index->rd_rel->relam != pk->rd_rel->relam ||
+		form->indnatts != pkform->indnatts || form->indnkeyatts != pkform->indnkeyatts)
+		return false;
+	for (int i = 0; i < form->indnatts; i++)
+		if (form->indkey.values[i] != pkform->indkey.values[i])
+			return false;
+	for (int i = 0; i < form->indnkeyatts; i++)
+		if (index->rd_opfamily[i] != pk->rd_opfamily[i] ||
+			index->rd_opcintype[i] != pk->rd_opcintype[i] ||
+			index->rd_indcollation[i] != pk->rd_indcollation[i] ||
+			index->rd_indoption[i] != pk->rd_indoption[i])
+			return false;
+	return true;
+}
+
+/*
+ * Marks the arbiters among k's indexes: the primary key and its copies,
+ * where a claim's insert finds a concurrent record of its key.
+ */
+static void
+find_arbiters(KeysRel *k)
+{
+	Oid			pk_oid = RelationGetPrimaryKeyIndex(k->rel);
+	Relation	pk = NULL;
+
+	for (int i = 0; i < k->nindexes; i++)
+		if (RelationGetRelid(k->indexes[i]) == pk_oid)
+			pk = k->indexes[i];
+	k->only_arbiters = true;
+	for (int i = 0; i < k->nindexes; i++)
+	{
+		Relation	index = k->indexes[i];
+
+		k->arbiter[i] = pk != NULL && (index == pk || is_key_copy(index, k->info[i], pk));
+		if ((index->rd_index->indisunique || k->info[i]->ii_ExclusionOps != NULL) &&
+			!k->arbiter[i])
+			k->only_arbiters = false;
+	}
+}
+
+/*
  * Tells whether the direct writes do on k's table exactly what INSERT and
  * UPDATE would: nothing runs there that they skip (a trigger, foreign
  * keys' included, a rule, a policy, a CHECK constraint), no column gets a
  * value they do not give it (a default, an identity, a generated column, a
  * domain's check on a DBA's column) or refuses the NULL they leave, and no
  * index decides what they do not (a unique index other than the primary
- * key, whose violation is an error, not a claim's conflict; an exclusion
- * constraint; a deferred primary key).  Otherwise a write takes the
- * executor (keys.c's plans).
+ * key or a copy of it, whose violation is an error, not a claim's conflict;
+ * an exclusion constraint; a deferred primary key), and the table is not a
+ * partition (whose constraint INSERT and UPDATE check).  Otherwise a write
+ * takes the executor (keys.c's plans).
  */
 static bool
 writes_are_plain(const KeysRel *k, const RelFacts *f)
@@ -245,7 +314,7 @@ writes_are_plain(const KeysRel *k, const RelFacts *f)
 	TupleDesc	desc = RelationGetDescr(rel);
 
 	if (rel->rd_rel->relrowsecurity || rel->trigdesc != NULL || rel->rd_rules != NULL ||
-		(desc->constr != NULL && desc->constr->num_check > 0))
+		rel->rd_rel->relispartition || (desc->constr != NULL && desc->constr->num_check > 0))
 		return false;
 	for (int i = 0; i < desc->natts; i++)
 	{
@@ -263,7 +332,7 @@ writes_are_plain(const KeysRel *k, const RelFacts *f)
 	{
 		Form_pg_index index = k->indexes[i]->rd_index;
 
-		if ((index->indisunique && (!index->indisprimary || !index->indimmediate)) ||
+		if ((index->indisunique && (!k->arbiter[i] || !index->indimmediate)) ||
 			k->info[i]->ii_ExclusionOps != NULL)
 			return false;
 	}
@@ -356,6 +425,7 @@ keys_open(const IdemCall *call, KeysRel *k)
 	oids = RelationGetIndexList(k->rel);
 	k->indexes = palloc(Max(list_length(oids), 1) * sizeof(Relation));
 	k->info = palloc(Max(list_length(oids), 1) * sizeof(IndexInfo *));
+	k->arbiter = palloc(Max(list_length(oids), 1) * sizeof(bool));
 	k->nindexes = 0;
 	foreach(lc, oids)
 		k->indexes[k->nindexes++] = index_open(lfirst_oid(lc), RowExclusiveLock);
@@ -364,6 +434,7 @@ keys_open(const IdemCall *call, KeysRel *k)
 	make_room_for_index_infos(k->nindexes);
 	for (int i = 0; i < k->nindexes; i++)
 		k->info[i] = cached_index_info(k->indexes[i]);
+	find_arbiters(k);
 	f = facts_of(call, k->rel);
 	if (f->direct < 0)
 		f->direct = writes_are_plain(k, f);
@@ -379,6 +450,7 @@ keys_close(KeysRel *k)
 	table_close(k->rel, NoLock);
 	pfree(k->indexes);
 	pfree(k->info);
+	pfree(k->arbiter);
 }
 
 /* Starts an index scan of the primary key for the records of (scope, key). */
@@ -531,12 +603,31 @@ refuse_owner_rls(const IdemCall *call, Relation rel)
 }
 
 /*
+ * Tells whether the version of a record in slot, read under the
+ * transaction's snapshot (REPEATABLE READ or SERIALIZABLE), is no longer
+ * the current one: a transaction that committed after the snapshot was
+ * taken updated or deleted it, so that the latest snapshot no longer sees
+ * it.  A writer still running has changed nothing yet.
+ */
+static bool
+changed_since_snapshot(Relation rel, TupleTableSlot *slot)
+{
+	Snapshot	latest = RegisterSnapshot(GetLatestSnapshot());
+	bool		visible = table_tuple_satisfies_snapshot(rel, slot, latest);
+
+	UnregisterSnapshot(latest);
+	return !visible;
+}
+
+/*
  * Reads the record of (scope, key) that the caller sees into rec (its own
  * first, live before expired at now); false when there is none.  A plain
  * index lookup through the primary key with a new snapshot, as a READ
  * COMMITTED statement would take: this is the hottest read of the API, so
  * it does without the executor.  Nearly always one record matches, the
- * caller's own, and the scan stops there.
+ * caller's own, and the scan stops there.  Under REPEATABLE READ or
+ * SERIALIZABLE it also tells whether the record read has changed since
+ * the snapshot (claim then fails rather than answer from the past).
  */
 bool
 idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
@@ -548,6 +639,7 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 	TupleTableSlot *slot;
 	TupleTableSlot *best = NULL;
 	int			best_rank = -1;
+	bool		best_changed = false;
 	Snapshot	snapshot;
 
 	/*
@@ -569,6 +661,8 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 
 		if (rank < 0 || (best_rank >= 0 && rank >= best_rank))
 			continue;
+		/* Checked while the slot still holds the buffer. */
+		best_changed = IsolationUsesXactSnapshot() && changed_since_snapshot(rel, slot);
 		if (rank == 0)
 		{
 			best = slot;		/* the caller's own live record: look no further */
@@ -580,7 +674,10 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 		best_rank = rank;
 	}
 	if (best)
+	{
 		read_record(call, best, fingerprint, rec);
+		rec->changed_since_snapshot = best_changed;
+	}
 
 	index_endscan(scan);
 	if (best && best != slot)
@@ -630,34 +727,32 @@ idem_keys_writer(IdemCall *call, text *scope, text *key)
 }
 
 /*
- * Inserts the index entries of the tuple in slot, the primary key's first,
- * into every index ready for inserts (one being built concurrently may not
- * be yet); with summarizing_only, into the summarizing ones only (a HOT
- * update, from PostgreSQL 16).
- * With speculative, the primary key is checked partially, without waiting:
- * returns false, having inserted nothing else, when another record of its
- * key exists (committed or not).  Otherwise a duplicate is an error.
+ * Inserts the index entries of the tuple in slot, the arbiters' first (the
+ * primary key and its copies), into every index ready for inserts (one
+ * being built concurrently may not be yet); with summarizing_only, into the
+ * summarizing ones only (a HOT update, from PostgreSQL 16).
+ * With speculative, the arbiters are checked partially, without waiting, as
+ * INSERT ... ON CONFLICT checks its arbiters: returns false, having
+ * inserted nothing else, when another record of its key exists (committed
+ * or not).  Otherwise a duplicate is an error.
  */
 static bool
 insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative, bool summarizing_only)
 {
-	Oid			pk = RelationGetPrimaryKeyIndex(k->rel);
-
 	for (int pass = 0; pass < 2; pass++)
 	{
 		for (int i = 0; i < k->nindexes; i++)
 		{
 			Relation	index = k->indexes[i];
-			bool		is_pk = (RelationGetRelid(index) == pk);
 			Datum		values[INDEX_MAX_KEYS];
 			bool		isnull[INDEX_MAX_KEYS];
 			IndexUniqueCheck check;
 
-			if (is_pk != (pass == 0) || !k->info[i]->ii_ReadyForInserts ||
+			if (k->arbiter[i] != (pass == 0) || !k->info[i]->ii_ReadyForInserts ||
 				(summarizing_only && !IDEM_INDEX_SUMMARIZING(k->info[i])))
 				continue;
 			check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO :
-				speculative ? UNIQUE_CHECK_PARTIAL : UNIQUE_CHECK_YES;
+				speculative && k->arbiter[i] ? UNIQUE_CHECK_PARTIAL : UNIQUE_CHECK_YES;
 			if (!form_index_entry(k->info[i], slot, values, isnull))
 				continue;
 			if (!index_insert(index, values, isnull, &slot->tts_tid, k->rel, check,
@@ -692,10 +787,13 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 	keys_open(call, &k);
 	if (!k.direct)
 	{
+		bool		only_arbiters = k.only_arbiters;
+
 		keys_close(&k);
 		return idem_keys_insert_sql(call, scope, key, fingerprint, lease, now,
 									idem_interval_end(now, retention),
-									idem_interval_end(now, lease), token, fence);
+									idem_interval_end(now, lease), token, only_arbiters,
+									fence);
 	}
 	desc = RelationGetDescr(k.rel);
 	values = palloc0(desc->natts * sizeof(Datum));

@@ -10,17 +10,25 @@
  * for it to end, at COMMIT PREPARED).  Without preloading
  * there is no shared memory: a waiting claim then re-checks at least once
  * a second.
+ *
+ * A claim also waits for the transaction that is writing the record it
+ * met (an uncommitted claim, complete or release), as a write would,
+ * with a bound when it has one (its `wait`).
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "common/hashfn.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "storage/condition_variable.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/resowner.h"
 
 #include "compat.h"
 #include "wait.h"
@@ -172,4 +180,73 @@ idem_wait_cancel(void)
 {
 	if (slots)
 		ConditionVariableCancelSleep();
+}
+
+/* Hashes (scope, key): where claims waiting for its owner sleep. */
+uint64
+idem_key_hash(text *scope, text *key)
+{
+	uint64		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
+										VARSIZE_ANY_EXHDR(key), 0);
+
+	return hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(scope),
+												 VARSIZE_ANY_EXHDR(scope), 0));
+}
+
+/*
+ * Waits for transaction xid to end, at most timeout_ms (< 0: without bound
+ * but lock_timeout).  The bounded wait runs in a subtransaction in which
+ * lock_timeout is at most timeout_ms, so that the timeout can be caught; an
+ * error other than that timeout (a cancel, a deadlock, the caller's shorter
+ * lock_timeout) is raised again.  Returns whether xid has ended.
+ */
+bool
+idem_wait_for_xact(TransactionId xid, long timeout_ms)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	int			saved_lock_timeout = LockTimeout;
+	bool		ours = (LockTimeout <= 0 || LockTimeout > timeout_ms);
+	volatile bool ended = false;
+
+	if (timeout_ms < 0)
+	{
+		XactLockTableWait(xid, NULL, NULL, XLTW_None);
+		return true;
+	}
+	if (ConditionalXactLockTableWait(xid))
+		return true;
+	if (timeout_ms == 0)
+		return false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		if (ours)
+			LockTimeout = (int) Min(timeout_ms, INT_MAX);
+		XactLockTableWait(xid, NULL, NULL, XLTW_None);
+		LockTimeout = saved_lock_timeout;
+		ReleaseCurrentSubTransaction();
+		ended = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		LockTimeout = saved_lock_timeout;
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		if (!ours || edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	return ended;
 }

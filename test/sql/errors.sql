@@ -87,6 +87,14 @@ SELECT * FROM idempotency.claim('k', '\x01', wait => '1 mon -40 days');
 SELECT * FROM idempotency.claim('k', '\x01', retention => '1000000 years');
 SELECT * FROM idempotency.claim('k', '\x01', lease => '1000000 years');
 SELECT * FROM idempotency.claim('k', '\x01', wait => '1000000 years');
+-- far in the past: 22023 too, not 22008 (timestamp out of range)
+SELECT * FROM idempotency.claim('k', '\x01', lease => '-10000 years');
+SELECT * FROM idempotency.claim('k', '\x01', retention => '-10000 years');
+SELECT * FROM idempotency.claim('k', '\x01', wait => '-10000 years');
+SELECT idempotency.extend('k', 1, '-10000 years');
+SELECT * FROM idempotency.claim('k', '\x01', lease => '-10000 years 1 second');
+SELECT * FROM idempotency.claim('k', '\x01', wait => '-10000 years 10000 days');
+SELECT * FROM idempotency.claim('k', '\x01', lease => '-6000 years 3000000 days');
 -- a retention shorter than the lease would store a response already expired
 SELECT * FROM idempotency.claim('k', '\x01', lease => '60s', retention => '1s');
 SET idempotency.retention = '1s';

@@ -1,0 +1,197 @@
+/*-------------------------------------------------------------------------
+ * catalog.c
+ *	  What the extension knows of its own objects, looked up in the system
+ *	  catalogs once per backend: the columns of idempotency.keys (or of a
+ *	  Citus shard of it) and their types, the table's owner, the fence
+ *	  sequence, and the values of idempotency.state.
+ *
+ * A DBA may change the table (ALTER COLUMN ... TYPE among others): the
+ * columns are described again whenever its relcache entry is invalidated,
+ * and a column whose type changed makes the API refuse, clearly (42804),
+ * rather than read or store a value of the wrong type.
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_enum.h"
+#include "catalog/pg_type.h"
+#include "parser/parse_relation.h"
+#include "utils/builtins.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/syscache.h"
+
+#include "catalog.h"
+#include "compat.h"
+
+static IdemKeysCatalog catalog;
+static bool catalog_valid = false;
+
+/* The columns of idempotency.keys, by IdemKeysColumn. */
+static const char *const column_names[IDEM_NUM_COLS] = {
+	[IDEM_COL_FENCE] = "fence",
+	[IDEM_COL_CREATED_AT] = "created_at",
+	[IDEM_COL_EXPIRES_AT] = "expires_at",
+	[IDEM_COL_LEASE_EXPIRES_AT] = "lease_expires_at",
+	[IDEM_COL_COMPLETED_AT] = "completed_at",
+	[IDEM_COL_LEASE] = "lease",
+	[IDEM_COL_ATTEMPT] = "attempt",
+	[IDEM_COL_STATUS_CODE] = "status_code",
+	[IDEM_COL_STATE] = "state",
+	[IDEM_COL_OWNER] = "owner",
+	[IDEM_COL_SCOPE] = "scope",
+	[IDEM_COL_KEY] = "key",
+	[IDEM_COL_FINGERPRINT] = "fingerprint",
+	[IDEM_COL_RECOVERY_POINT] = "recovery_point",
+	[IDEM_COL_RECOVERY_STATE] = "recovery_state",
+	[IDEM_COL_HEADERS] = "headers",
+	[IDEM_COL_BODY] = "body",
+	[IDEM_COL_TOKEN] = "token",
+};
+
+/*
+ * The types of the columns, as the extension made them (without a type
+ * modifier); InvalidOid for state, whose type is idempotency.state.  The
+ * direct reads and writes take and store values of exactly these types.
+ */
+static const Oid column_types[IDEM_NUM_COLS] = {
+	[IDEM_COL_FENCE] = INT8OID,
+	[IDEM_COL_CREATED_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_EXPIRES_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_LEASE_EXPIRES_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_COMPLETED_AT] = TIMESTAMPTZOID,
+	[IDEM_COL_LEASE] = INTERVALOID,
+	[IDEM_COL_ATTEMPT] = INT4OID,
+	[IDEM_COL_STATUS_CODE] = INT4OID,
+	[IDEM_COL_STATE] = InvalidOid,
+	[IDEM_COL_OWNER] = REGROLEOID,
+	[IDEM_COL_SCOPE] = TEXTOID,
+	[IDEM_COL_KEY] = TEXTOID,
+	[IDEM_COL_FINGERPRINT] = BYTEAOID,
+	[IDEM_COL_RECOVERY_POINT] = TEXTOID,
+	[IDEM_COL_RECOVERY_STATE] = JSONBOID,
+	[IDEM_COL_HEADERS] = JSONBOID,
+	[IDEM_COL_BODY] = BYTEAOID,
+	[IDEM_COL_TOKEN] = UUIDOID,
+};
+
+/* Forgets the cached catalog facts when the table's relcache entry goes. */
+static void
+catalog_invalidate(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == catalog.keys.relid ||
+		relid == catalog.fence_seq_relid)
+		catalog_valid = false;
+}
+
+/*
+ * Raises 42804 unless column col of rel (named name), number attnum, has
+ * the type, and for the key's columns the collation, the extension gave it:
+ * a DBA's ALTER COLUMN ... TYPE makes the API refuse, clearly, rather than
+ * read or store a value of the wrong type.
+ */
+static void
+check_column_type(Relation rel, const char *name, IdemKeysColumn col, AttrNumber attnum)
+{
+	Form_pg_attribute attr = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
+	Oid			type = column_types[col];
+	bool		c_collated = (col == IDEM_COL_SCOPE || col == IDEM_COL_KEY);
+	bool		collation_differs;
+
+	if (!OidIsValid(type))
+		type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid, CStringGetDatum("state"),
+							   ObjectIdGetDatum(RelationGetNamespace(rel)));
+	collation_differs = c_collated && attr->atttypid == type &&
+		attr->attcollation != C_COLLATION_OID;
+	if (attr->atttypid != type || attr->atttypmod != -1 || collation_differs)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("column \"%s\" of %s has type %s%s, not %s%s",
+						column_names[col], name,
+						format_type_with_typemod(attr->atttypid, attr->atttypmod),
+						collation_differs ? " in another collation" : "",
+						format_type_be(type), c_collated ? " COLLATE \"C\"" : ""),
+				 errdetail("The extension reads and writes the columns of its table with the types it made them with."),
+				 errhint("Change the column back with ALTER TABLE %s ALTER COLUMN %s TYPE %s%s.",
+						 name, quote_identifier(column_names[col]), format_type_be(type),
+						 c_collated ? " COLLATE \"C\"" : "")));
+}
+
+/*
+ * Describes a relation that holds records (idempotency.keys or a shard of
+ * it): its OID, its name for SQL, and the numbers of its columns (token's
+ * InvalidAttrNumber on a table of version 1.1).
+ */
+void
+idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
+{
+	const char *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+												  RelationGetRelationName(rel));
+
+	out->relid = RelationGetRelid(rel);
+	if (strlcpy(out->name, name, sizeof(out->name)) >= sizeof(out->name))
+		elog(ERROR, "relation name %s is too long", name);
+	for (int i = 0; i < IDEM_NUM_COLS; i++)
+	{
+		out->att[i] = attnameAttNum(rel, column_names[i], false);
+		if (out->att[i] == InvalidAttrNumber && i != IDEM_COL_TOKEN)
+			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
+		if (out->att[i] != InvalidAttrNumber)
+			check_column_type(rel, name, (IdemKeysColumn) i, out->att[i]);
+	}
+}
+
+/* Returns the enum value of label in type enumtype; raises when it is missing. */
+static Oid
+enum_label(Oid enumtype, const char *label)
+{
+	Oid			oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+									  ObjectIdGetDatum(enumtype), CStringGetDatum(label));
+
+	if (!OidIsValid(oid))
+		elog(ERROR, "enum label \"%s\" of idempotency.state does not exist", label);
+	return oid;
+}
+
+/* Returns the catalog facts about the extension's objects, cached per backend. */
+const IdemKeysCatalog *
+idem_keys_catalog(void)
+{
+	static bool callbacks_registered = false;
+	IdemKeysCatalog *c = &catalog;
+	Relation	rel;
+	Oid			keys_relid;
+	Oid			state_type;
+
+	if (catalog_valid)
+		return c;
+
+	c->namespace = get_namespace_oid("idempotency", false);
+	keys_relid = get_relname_relid("keys", c->namespace);
+	c->fence_seq_relid = get_relname_relid("fence_seq", c->namespace);
+	if (!OidIsValid(keys_relid) || !OidIsValid(c->fence_seq_relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("relation \"idempotency.keys\" does not exist"),
+				 errhint("Run CREATE EXTENSION idempotency.")));
+
+	rel = table_open(keys_relid, AccessShareLock);
+	c->table_owner = rel->rd_rel->relowner;
+	idem_keys_rel_describe(rel, &c->keys);
+	state_type = TupleDescAttr(RelationGetDescr(rel), c->keys.att[IDEM_COL_STATE] - 1)->atttypid;
+	table_close(rel, AccessShareLock);
+	c->in_progress_label = enum_label(state_type, "in_progress");
+	c->completed_label = enum_label(state_type, "completed");
+
+	if (!callbacks_registered)
+	{
+		CacheRegisterRelcacheCallback(catalog_invalidate, (Datum) 0);
+		callbacks_registered = true;
+	}
+	catalog_valid = true;
+	return c;
+}
