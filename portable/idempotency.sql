@@ -842,43 +842,52 @@ BEGIN
 	   OR COALESCE(current_setting('idempotency.lease', true), '1min') OPERATOR(pg_catalog.<>) '1min'
 	   OR COALESCE(current_setting('idempotency.retention', true), '1d') OPERATOR(pg_catalog.<>) '1d'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
-	   OR EXISTS (SELECT FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
-				  AND ((r.relrowsecurity AND r.relforcerowsecurity)
-					   OR (pg_has_role('pg_monitor', 'USAGE') AND NOT has_table_privilege(r.oid, 'SELECT')))) THEN
+	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
 		RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
 								  claim.retention, claim.wait, claim.token);
 	END IF;
-	-- The caller's records of (scope, key), its own first (see _claim).
-	SELECT c.caller, c.now, c.scope, k.owner, k.state, k.expires_at, k.lease_expires_at, k.created_at,
+	-- The caller's record of (scope, key), its own first (see _claim), and
+	-- whether _claim has to check more (FORCE ROW LEVEL SECURITY, a
+	-- pg_monitor member's right to the API).  Each is a few plan nodes the
+	-- executor sets up at every call: no join, no subquery.
+	SELECT k.owner OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole AS own,
 		   k.fingerprint OPERATOR(pg_catalog.=) claim.fingerprint AS same_fp,
-		   k.status_code, k.headers, k.body
+		   k.state OPERATOR(pg_catalog.=) 'completed'
+			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS live_completed,
+		   k.status_code, k.headers, k.body, k.created_at,
+		   (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
+				   OR (pg_has_role('pg_monitor', 'USAGE') AND NOT has_table_privilege(r.oid, 'SELECT'))
+			FROM pg_catalog.pg_class r
+			WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) AS check_more
 	INTO rec
-	FROM (SELECT quote_ident(current_user)::regrole AS caller,
-				 clock_timestamp() AS now,
-				 COALESCE(claim.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
-	LEFT JOIN LATERAL (
-		SELECT * FROM idempotency._own_keys k
-		WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
-		  AND k.scope OPERATOR(pg_catalog.=) c.scope
-		ORDER BY k.owner OPERATOR(pg_catalog.<>) c.caller
-		LIMIT 1) k ON true;
-	IF rec.owner IS NULL THEN
+	FROM idempotency._own_keys k
+	WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
+	  AND k.scope OPERATOR(pg_catalog.=)
+		  (COALESCE(claim.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
+	ORDER BY k.owner OPERATOR(pg_catalog.<>) quote_ident(current_user)::regrole
+	LIMIT 1;
+	IF NOT FOUND THEN
 		-- No record: one INSERT, which the primary key settles (waiting, as
-		-- it does, for a transaction inserting the same record).
+		-- it does, for a transaction inserting the same record); none when
+		-- _claim has more to check.  The clock is read after the read: a
+		-- lease starts when it is won.
 		INSERT INTO idempotency._own_keys AS k (fence, created_at, expires_at, attempt,
 			lease, lease_expires_at, state, scope, key, fingerprint, token)
 		SELECT idempotency._next_fence(), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1,
 			'60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
-			rec.scope, claim.key, claim.fingerprint, claim.token
+			COALESCE(claim.scope, current_setting('idempotency.scope', true), ''),
+			claim.key, claim.fingerprint, claim.token
 		FROM (SELECT clock_timestamp() AS now) t
+		WHERE NOT (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
+						  OR (pg_has_role('pg_monitor', 'USAGE') AND NOT has_table_privilege(r.oid, 'SELECT'))
+				   FROM pg_catalog.pg_class r
+				   WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass)
 		ON CONFLICT (key, scope, owner) DO NOTHING
 		RETURNING k.fence, k.created_at INTO new_fence, new_created_at;
 		IF new_fence IS NOT NULL THEN
 			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, new_created_at)::idempotency.claim_result;
 		END IF;
-	ELSIF rec.owner OPERATOR(pg_catalog.=) rec.caller AND rec.same_fp
-		  AND rec.state OPERATOR(pg_catalog.=) 'completed' AND rec.expires_at OPERATOR(pg_catalog.>) rec.now THEN
+	ELSIF rec.own AND rec.same_fp AND rec.live_completed AND NOT rec.check_more THEN
 		RETURN ROW('replay', NULL, NULL, rec.status_code, rec.headers, rec.body, NULL, NULL, NULL,
 				   rec.created_at)::idempotency.claim_result;
 	END IF;
@@ -994,6 +1003,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 -- The hot path, as claim's: few expressions, the rest in _complete.
+DECLARE
+	now timestamptz;
 BEGIN
 	IF complete.key IS NULL OR octet_length(complete.key) OPERATOR(pg_catalog.>) 255
 	   OR complete.key OPERATOR(pg_catalog.=) '' OR complete.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
@@ -1011,16 +1022,16 @@ BEGIN
 		RETURN idempotency._complete(complete.key, complete.fence, complete.status_code,
 									 complete.body, complete.headers, complete.scope);
 	END IF;
+	now := clock_timestamp();
 	UPDATE idempotency._own_keys k
 	SET state = 'completed', status_code = complete.status_code, headers = NULL, body = complete.body,
-		completed_at = c.now, lease_expires_at = NULL, lease = NULL, token = NULL
-	FROM (SELECT clock_timestamp() AS now,
-				 COALESCE(complete.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
+		completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
 	WHERE k.key OPERATOR(pg_catalog.=) (complete.key COLLATE "C")
-	  AND k.scope OPERATOR(pg_catalog.=) c.scope
+	  AND k.scope OPERATOR(pg_catalog.=)
+		  (COALESCE(complete.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
 	  AND k.fence OPERATOR(pg_catalog.=) complete.fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) c.now AND k.lease_expires_at OPERATOR(pg_catalog.<=) c.now);
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
 	IF NOT FOUND THEN
 		PERFORM idempotency._fence_lost(complete.key);
 	END IF;
