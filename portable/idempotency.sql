@@ -14,18 +14,26 @@
  * are put in (uncommented).  README.md, "Managed PostgreSQL", says what
  * differs from the C edition.
  *
- * How the calls run: every API function is SECURITY DEFINER, owned by
- * whoever ran this script (the table's owner), with search_path fixed to
- * pg_catalog, pg_temp; every operator below is schema-qualified all the
- * same.  A record belongs to the calling role (SET ROLE's role, else the
- * session's): other roles see it only when they have that role's
- * privileges.  Calling a function needs USAGE on the schema, as for any
- * schema; pg_monitor's USAGE (for the stats view) is refused the API.
+ * How the calls run: every API function runs with its caller's rights
+ * (SECURITY INVOKER), with search_path fixed to pg_catalog, pg_temp; every
+ * operator below is schema-qualified all the same.  A record belongs to the
+ * role whose privileges the calling code has (current_user at the call):
+ * in another role's SECURITY DEFINER function, or in an index expression
+ * that ANALYZE runs as the table's owner, that is the other role, never the
+ * session's.  The functions read and write the table only through the view
+ * idempotency._own_keys, which shows and accepts only the records of roles
+ * whose privileges current_user has (a security barrier with a check
+ * option); the view reads the table with its owner's rights.  So a role
+ * may read and write its own records through that view (README.md,
+ * "Managed PostgreSQL"), and never another role's.  Calling a function
+ * needs USAGE on the schema, as for any schema; pg_monitor's USAGE (for the
+ * stats view) is refused the API.  reap() deletes every role's expired
+ * records through _reap(), which runs as the table's owner.
  *
  * The atomic claim: a claim reads the record with a fresh snapshot and
  * decides in the design's order; only `new` writes, with one conditional
  * write whose own WHERE clause (or the primary key, for INSERT ... ON
- * CONFLICT ON CONSTRAINT keys_pkey DO NOTHING) settles any race, waiting as
+ * CONFLICT (key, scope, owner) DO NOTHING) settles any race, waiting as
  * PostgreSQL does for a transaction writing the same record; any other
  * unique or exclusion constraint raises its own error (23505, 23P01).  A write that a concurrent
  * transaction made moot sends the claim round again.
@@ -65,7 +73,7 @@ CREATE TABLE idempotency.keys (
 	created_at       timestamptz NOT NULL,
 	expires_at       timestamptz NOT NULL,
 	attempt          integer NOT NULL,
-	owner            regrole NOT NULL,
+	owner            regrole NOT NULL DEFAULT pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole,
 	lease            interval,
 	lease_expires_at timestamptz,
 	token            uuid,
@@ -87,7 +95,48 @@ COMMENT ON TABLE idempotency.keys IS
 CREATE INDEX keys_expiry_second_idx ON idempotency.keys (idempotency._expiry_second(expires_at));
 
 REVOKE ALL ON idempotency.keys FROM PUBLIC;
-REVOKE ALL ON idempotency.fence_seq FROM PUBLIC;
+
+-- The records the calling role may see and write: its own and those of the
+-- roles whose privileges it has (pg_has_role checks current_user, which is
+-- the caller's, as the API's functions run with their caller's rights; a
+-- superuser sees every record).  A security barrier, so that no function of
+-- the caller's sees another row first; the check option keeps every row
+-- written through it visible to the caller.  The table itself only (ONLY),
+-- never a DBA's inheritance child.
+CREATE VIEW idempotency._own_keys WITH (security_barrier) AS
+SELECT k.fence, k.created_at, k.expires_at, k.attempt, k.owner, k.lease, k.lease_expires_at,
+	k.token, k.completed_at, k.status_code, k.state, k.headers, k.body, k.recovery_point,
+	k.recovery_state, k.scope, k.key, k.fingerprint
+FROM ONLY idempotency.keys k
+WHERE pg_catalog.pg_has_role(k.owner, 'USAGE')
+WITH CASCADED CHECK OPTION;
+COMMENT ON VIEW idempotency._own_keys IS
+	'internal: the records of the calling role and of the roles whose privileges it has; the API reads and writes through it';
+-- No role writes owner, key or scope: a row inserted through the view is
+-- current_user's (the table's default), and no write can meet, and so tell
+-- of, another role's record of the same (scope, key).
+GRANT SELECT, DELETE ON idempotency._own_keys TO PUBLIC;
+GRANT INSERT (fence, created_at, expires_at, attempt, lease, lease_expires_at, token,
+	completed_at, status_code, state, headers, body, recovery_point, recovery_state, scope,
+	key, fingerprint) ON idempotency._own_keys TO PUBLIC;
+GRANT UPDATE (fence, created_at, expires_at, attempt, lease, lease_expires_at, token,
+	completed_at, status_code, state, headers, body, recovery_point, recovery_state,
+	fingerprint) ON idempotency._own_keys TO PUBLIC;
+
+-- Draws a fence: the claims of every role take theirs from one sequence,
+-- which no application role may use itself.  Every name in it is
+-- qualified, so it needs no search_path of its own (whose SET would cost
+-- every claim a search_path change).
+CREATE FUNCTION idempotency._next_fence()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+AS $$
+BEGIN
+	RETURN pg_catalog.nextval('idempotency.fence_seq'::pg_catalog.regclass);
+END
+$$;
+COMMENT ON FUNCTION idempotency._next_fence() IS
+	'internal: the next fencing token, drawn as the sequence''s owner';
 
 -- pg_tle: SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
 -- pg_tle: SELECT pg_catalog.pg_extension_config_dump('idempotency.fence_seq', '');
@@ -106,9 +155,11 @@ CREATE TYPE idempotency.claim_result AS (
 COMMENT ON TYPE idempotency.claim_result IS 'The answer of idempotency.claim()';
 
 ------------------------------------------------------------------------------
--- Internal helpers: arguments, settings, the caller.  Not for PUBLIC: only
--- the API's functions call them, which fix search_path for them (a SET
--- clause of their own would cost each call a search_path change).
+-- Internal helpers: arguments, settings, the caller.  The API's functions
+-- call them and fix search_path for them (a SET clause of their own would
+-- cost each call a search_path change); like the API, they run with their
+-- caller's rights, so a role that calls one itself gets nothing the API
+-- does not give it.
 ------------------------------------------------------------------------------
 
 -- Raises 22004 when a required argument is NULL.
@@ -230,7 +281,8 @@ BEGIN
 						 make_interval(months => months::int, days => days::int))
 				 OPERATOR(pg_catalog.*) 1000000;
 	END IF;
-	IF usecs IS NULL OR abs(usecs) OPERATOR(pg_catalog.>) 316224000000000::numeric THEN
+	-- 10000 years of 366 days, in microseconds (the C edition's bound)
+	IF usecs IS NULL OR abs(usecs) OPERATOR(pg_catalog.>) 316224000000000000::numeric THEN
 		RAISE EXCEPTION 'argument "%" is out of range', name
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = 'Each field of the interval must be at most 10000 years.';
@@ -241,18 +293,36 @@ $$;
 COMMENT ON FUNCTION idempotency._bounded(interval, text, interval) IS
 	'internal: an interval argument within 10000 years per field (22023)';
 
--- Raises 22023 unless now + span is later than now.
+-- Returns 1, 0 or -1 as now + span is later than, the same as or earlier
+-- than now; -1 when it is before the first representable timestamp (a
+-- span within 10000 years per field cannot pass the last one).
+CREATE FUNCTION idempotency._sign_from(span interval, now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+	RETURN sign(EXTRACT(epoch FROM (now OPERATOR(pg_catalog.+) span) OPERATOR(pg_catalog.-) now));
+EXCEPTION WHEN datetime_field_overflow THEN
+	RETURN '-1'::integer;
+END
+$$;
+COMMENT ON FUNCTION idempotency._sign_from(interval, timestamptz) IS
+	'internal: the sign of now + span - now, -1 before the first timestamp';
+
+-- Raises 22023 unless now + span is later than now.  A span that ends
+-- before the first representable timestamp is not positive either (not
+-- 22008): such an end is long past.
 CREATE FUNCTION idempotency._require_positive(span interval, now timestamptz, name text)
 RETURNS interval
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-	IF now OPERATOR(pg_catalog.+) span OPERATOR(pg_catalog.<=) now THEN
-		RAISE EXCEPTION 'argument "%" must be positive', name
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'The interval must end later than it starts, whatever its months and days add up to.';
+	IF idempotency._sign_from(span, now) OPERATOR(pg_catalog.>) 0 THEN
+		RETURN span;
 	END IF;
-	RETURN span;
+	RAISE EXCEPTION 'argument "%" must be positive', name
+		USING ERRCODE = 'invalid_parameter_value',
+			  DETAIL = 'The interval must end later than it starts, whatever its months and days add up to.';
 END
 $$;
 COMMENT ON FUNCTION idempotency._require_positive(interval, timestamptz, text) IS
@@ -274,24 +344,20 @@ $$;
 COMMENT ON FUNCTION idempotency._require_writable(text) IS
 	'internal: raises 25006 in a read-only transaction';
 
--- Returns the calling role, whose records are its own: the role of SET
--- ROLE, else the session's.  Raises 42501 for a role whose only USAGE on
--- the schema is pg_monitor's (that grant is for the stats view).  Runs in
--- the API's SECURITY DEFINER functions, whose current_user is the owner.
+-- Returns the calling role, whose records are its own: current_user, the
+-- role whose privileges the calling code has (the API's functions run with
+-- their caller's rights).  Raises 42501 for a role whose only USAGE on the
+-- schema is pg_monitor's (that grant is for the stats view), unless it may
+-- read the table anyway (its owner, a member of it, a superuser).
 CREATE FUNCTION idempotency._caller()
 RETURNS regrole
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-	r text := current_setting('role');
-	caller regrole;
+	caller regrole := quote_ident(current_user)::regrole;
 BEGIN
-	IF r OPERATOR(pg_catalog.=) 'none' THEN
-		r := session_user;
-	END IF;
-	caller := quote_ident(r)::regrole;
 	IF pg_has_role(caller, 'pg_monitor', 'USAGE')
-	   AND NOT pg_has_role(caller, current_user, 'USAGE')
+	   AND NOT has_table_privilege(caller, 'idempotency.keys'::pg_catalog.regclass, 'SELECT')
 	   AND NOT EXISTS (
 		   SELECT FROM pg_namespace n,
 				LATERAL aclexplode(COALESCE(n.nspacl, acldefault('n', n.nspowner))) a
@@ -415,6 +481,7 @@ CREATE FUNCTION idempotency._claim(
 RETURNS idempotency.claim_result
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+#variable_conflict use_column
 DECLARE
 	now timestamptz := clock_timestamp();
 	p_key text COLLATE "C" := key;
@@ -424,7 +491,6 @@ DECLARE
 	p_retention interval := retention;
 	p_wait interval := wait;
 	p_token uuid := token;
-	r text := current_setting('role');
 	setting text;
 	caller regrole;
 	deadline timestamptz;
@@ -440,9 +506,9 @@ DECLARE
 	tries int := 0;
 BEGIN
 	-- FORCE ROW LEVEL SECURITY binds the table's owner, as whom the API is
-	-- meant to run; these functions run as their own owner, whom the policies
-	-- may not bind (a superuser): refused, as the C edition refuses it,
-	-- rather than read and write past the policies.
+	-- meant to read; _own_keys reads the table as its own owner, whom the
+	-- policies may not bind (a superuser): refused, as the C edition refuses
+	-- it, rather than read and write past the policies.
 	IF EXISTS (SELECT FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
 			   AND r.relrowsecurity AND r.relforcerowsecurity) THEN
 		RAISE EXCEPTION 'row-level security of idempotency.keys applies to its owner, as whom the API runs'
@@ -497,7 +563,7 @@ BEGIN
 			p_wait := '0';
 		ELSE
 			p_wait := idempotency._bounded(p_wait, 'wait', NULL);
-			IF (now OPERATOR(pg_catalog.+) p_wait) OPERATOR(pg_catalog.<) now THEN
+			IF idempotency._sign_from(p_wait, now) OPERATOR(pg_catalog.<) 0 THEN
 				RAISE EXCEPTION 'argument "wait" must not be negative'
 					USING ERRCODE = 'invalid_parameter_value';
 			END IF;
@@ -506,11 +572,7 @@ BEGIN
 	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
 		PERFORM idempotency._require_writable('idempotency.claim()');
 	END IF;
-	-- The caller (see _caller); a pg_monitor member is checked there.
-	caller := quote_ident(CASE WHEN r OPERATOR(pg_catalog.=) 'none' THEN session_user ELSE r END)::regrole;
-	IF pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT pg_has_role(caller, current_user, 'USAGE') THEN
-		PERFORM idempotency._caller();
-	END IF;
+	caller := idempotency._caller();
 	-- Under REPEATABLE READ or SERIALIZABLE the snapshot would hide the
 	-- owner's complete or release: such a claim does not wait for them.
 	IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
@@ -530,10 +592,9 @@ BEGIN
 				 AND (k.state OPERATOR(pg_catalog.=) 'completed'
 					  OR k.lease_expires_at OPERATOR(pg_catalog.<=) now) AS expired
 		INTO rec
-		FROM idempotency.keys k
+		FROM idempotency._own_keys k
 		WHERE k.key OPERATOR(pg_catalog.=) p_key
 		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
-		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
 		ORDER BY (k.expires_at OPERATOR(pg_catalog.<=) now
 				  AND (k.state OPERATOR(pg_catalog.=) 'completed'
 					   OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)),
@@ -568,7 +629,7 @@ BEGIN
 							PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
 								deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
 						END IF;
-						PERFORM FROM idempotency.keys k
+						PERFORM FROM idempotency._own_keys k
 						WHERE k.key OPERATOR(pg_catalog.=) p_key
 						  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 						  AND k.owner OPERATOR(pg_catalog.=) caller
@@ -617,7 +678,7 @@ BEGIN
 
 		-- The clock after the read: a lease starts when it is won.
 		now := clock_timestamp();
-		new_fence := nextval('idempotency.fence_seq');
+		new_fence := idempotency._next_fence();
 		IF step OPERATOR(pg_catalog.=) 'insert' THEN
 			-- Waits, as the primary key makes it, for a transaction that is
 			-- inserting the same record; with wait, at most until the deadline.
@@ -629,12 +690,12 @@ BEGIN
 						PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
 							deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
 					END IF;
-					INSERT INTO idempotency.keys (fence, created_at, expires_at, attempt, owner,
+					INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt,
 						lease, lease_expires_at, state, scope, key, fingerprint, token)
-					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
+					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1,
 						p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 						p_key, p_fp, p_token)
-					ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+					ON CONFLICT (key, scope, owner) DO NOTHING;
 					wrote := FOUND; -- before PERFORM sets FOUND again
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 				EXCEPTION WHEN lock_not_available THEN
@@ -644,12 +705,12 @@ BEGIN
 					RETURN res;
 				END;
 			ELSE
-				INSERT INTO idempotency.keys (fence, created_at, expires_at, attempt, owner,
+				INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt,
 					lease, lease_expires_at, state, scope, key, fingerprint, token)
-				VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
+				VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1,
 					p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 					p_key, p_fp, p_token)
-				ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+				ON CONFLICT (key, scope, owner) DO NOTHING;
 				wrote := FOUND;
 			END IF;
 			IF wrote THEN
@@ -669,7 +730,7 @@ BEGIN
 			END IF;
 		ELSIF step OPERATOR(pg_catalog.=) 'reset' THEN
 			-- The caller's own expired record becomes a new claim.
-			UPDATE idempotency.keys k SET fingerprint = p_fp, state = 'in_progress',
+			UPDATE idempotency._own_keys k SET fingerprint = p_fp, state = 'in_progress',
 				fence = new_fence, attempt = 1, lease = p_lease,
 				lease_expires_at = now OPERATOR(pg_catalog.+) p_lease,
 				recovery_point = NULL, recovery_state = NULL, status_code = NULL,
@@ -691,7 +752,7 @@ BEGIN
 		ELSE
 			-- A takeover of an ended lease: a new fence, one more attempt,
 			-- the recovery point kept; the expiry moves with the lease's end.
-			UPDATE idempotency.keys k SET fence = new_fence,
+			UPDATE idempotency._own_keys k SET fence = new_fence,
 				attempt = k.attempt OPERATOR(pg_catalog.+) 1, lease = p_lease,
 				lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) p_lease),
 				expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
@@ -718,7 +779,7 @@ BEGIN
 			-- row restarts the lease (and a reset record's life) when it won.
 			won := clock_timestamp();
 			IF won OPERATOR(pg_catalog.-) now OPERATOR(pg_catalog.>) '1 ms'::interval THEN
-				UPDATE idempotency.keys k
+				UPDATE idempotency._own_keys k
 				SET lease_expires_at = won OPERATOR(pg_catalog.+) k.lease,
 					created_at = CASE WHEN step OPERATOR(pg_catalog.=) 'reset' THEN won ELSE k.created_at END,
 					expires_at = CASE WHEN step OPERATOR(pg_catalog.=) 'reset'
@@ -755,14 +816,16 @@ CREATE FUNCTION idempotency.claim(
 	wait interval DEFAULT NULL,
 	token uuid DEFAULT NULL)
 RETURNS idempotency.claim_result
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 -- The hot path: a new key, or a replay of the caller's own record, with the
 -- default lease and retention (unset, or set as the C edition shows its
 -- defaults: its library may be loaded too), no wait, in READ COMMITTED.  A PL/pgSQL
 -- function prepares each of its expressions again in every transaction:
--- this one has few, and leaves every other case to _claim.
+-- this one has few, and leaves every other case to _claim.  (ON CONFLICT
+-- names the primary key's columns, which the arguments would shadow.)
+#variable_conflict use_column
 DECLARE
 	rec record;
 	new_fence bigint;
@@ -779,48 +842,52 @@ BEGIN
 	   OR COALESCE(current_setting('idempotency.lease', true), '1min') OPERATOR(pg_catalog.<>) '1min'
 	   OR COALESCE(current_setting('idempotency.retention', true), '1d') OPERATOR(pg_catalog.<>) '1d'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
-	   OR EXISTS (SELECT FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
-				  AND r.relrowsecurity AND r.relforcerowsecurity)
-	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
-							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
-		   AND NOT pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
-								   THEN session_user ELSE current_setting('role') END)::regrole, current_user, 'USAGE')) THEN
+	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
 		RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
 								  claim.retention, claim.wait, claim.token);
 	END IF;
-	-- The caller's records of (scope, key), its own first (see _claim).
-	SELECT c.caller, c.now, c.scope, k.owner, k.state, k.expires_at, k.lease_expires_at, k.created_at,
+	-- The caller's record of (scope, key), its own first (see _claim), and
+	-- whether _claim has to check more (FORCE ROW LEVEL SECURITY, a
+	-- pg_monitor member's right to the API).  Each is a few plan nodes the
+	-- executor sets up at every call: no join, no subquery.
+	SELECT k.owner OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole AS own,
 		   k.fingerprint OPERATOR(pg_catalog.=) claim.fingerprint AS same_fp,
-		   k.status_code, k.headers, k.body
+		   k.state OPERATOR(pg_catalog.=) 'completed'
+			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS live_completed,
+		   k.status_code, k.headers, k.body, k.created_at,
+		   (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
+				   OR (pg_has_role('pg_monitor', 'USAGE') AND NOT has_table_privilege(r.oid, 'SELECT'))
+			FROM pg_catalog.pg_class r
+			WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) AS check_more
 	INTO rec
-	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
-								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
-				 clock_timestamp() AS now,
-				 COALESCE(claim.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
-	LEFT JOIN LATERAL (
-		SELECT * FROM idempotency.keys k
-		WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
-		  AND k.scope OPERATOR(pg_catalog.=) c.scope
-		  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
-		ORDER BY k.owner OPERATOR(pg_catalog.<>) c.caller
-		LIMIT 1) k ON true;
-	IF rec.owner IS NULL THEN
+	FROM idempotency._own_keys k
+	WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
+	  AND k.scope OPERATOR(pg_catalog.=)
+		  (COALESCE(claim.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
+	ORDER BY k.owner OPERATOR(pg_catalog.<>) quote_ident(current_user)::regrole
+	LIMIT 1;
+	IF NOT FOUND THEN
 		-- No record: one INSERT, which the primary key settles (waiting, as
-		-- it does, for a transaction inserting the same record).
-		INSERT INTO idempotency.keys AS k (fence, created_at, expires_at, attempt, owner,
+		-- it does, for a transaction inserting the same record); none when
+		-- _claim has more to check.  The clock is read after the read: a
+		-- lease starts when it is won.
+		INSERT INTO idempotency._own_keys AS k (fence, created_at, expires_at, attempt,
 			lease, lease_expires_at, state, scope, key, fingerprint, token)
-		SELECT nextval('idempotency.fence_seq'), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1,
-			rec.caller, '60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
-			rec.scope, claim.key, claim.fingerprint, claim.token
+		SELECT idempotency._next_fence(), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1,
+			'60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
+			COALESCE(claim.scope, current_setting('idempotency.scope', true), ''),
+			claim.key, claim.fingerprint, claim.token
 		FROM (SELECT clock_timestamp() AS now) t
-		ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
+		WHERE NOT (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
+						  OR (pg_has_role('pg_monitor', 'USAGE') AND NOT has_table_privilege(r.oid, 'SELECT'))
+				   FROM pg_catalog.pg_class r
+				   WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass)
+		ON CONFLICT (key, scope, owner) DO NOTHING
 		RETURNING k.fence, k.created_at INTO new_fence, new_created_at;
 		IF new_fence IS NOT NULL THEN
 			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, new_created_at)::idempotency.claim_result;
 		END IF;
-	ELSIF rec.owner OPERATOR(pg_catalog.=) rec.caller AND rec.same_fp
-		  AND rec.state OPERATOR(pg_catalog.=) 'completed' AND rec.expires_at OPERATOR(pg_catalog.>) rec.now THEN
+	ELSIF rec.own AND rec.same_fp AND rec.live_completed AND NOT rec.check_more THEN
 		RETURN ROW('replay', NULL, NULL, rec.status_code, rec.headers, rec.body, NULL, NULL, NULL,
 				   rec.created_at)::idempotency.claim_result;
 	END IF;
@@ -854,8 +921,6 @@ DECLARE
 	p_headers jsonb;
 	release boolean;
 	size bigint;
-	r text := current_setting('role');
-	caller regrole;
 	now timestamptz;
 BEGIN
 	-- The helpers' checks inline, as in claim.
@@ -885,8 +950,10 @@ BEGIN
 		IF headers IS NOT NULL THEN
 			p_headers := idempotency._filter_headers(headers);
 		END IF;
+		-- The size the C edition counts: the headers' jsonb as it is in
+		-- memory (#> '{}' hands it back decompressed), not as it was stored.
 		size := COALESCE(octet_length(p_body), 0) OPERATOR(pg_catalog.+)
-			COALESCE(pg_column_size(p_headers) OPERATOR(pg_catalog.-) 4, 0);
+			COALESCE(pg_column_size(p_headers OPERATOR(pg_catalog.#>) '{}'::text[]) OPERATOR(pg_catalog.-) 4, 0);
 		IF size OPERATOR(pg_catalog.>) idempotency._max_response_bytes() THEN
 			RAISE EXCEPTION 'response is too large'
 				USING ERRCODE = 'program_limit_exceeded',
@@ -899,27 +966,22 @@ BEGIN
 	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
 		PERFORM idempotency._require_writable('idempotency.complete()');
 	END IF;
-	caller := quote_ident(CASE WHEN r OPERATOR(pg_catalog.=) 'none' THEN session_user ELSE r END)::regrole;
-	IF pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT pg_has_role(caller, current_user, 'USAGE') THEN
-		PERFORM idempotency._caller();
-	END IF;
+	PERFORM idempotency._caller();
 	IF release THEN
-		DELETE FROM idempotency.keys k
+		DELETE FROM idempotency._own_keys k
 		WHERE k.key OPERATOR(pg_catalog.=) p_key
 		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 		  AND k.fence OPERATOR(pg_catalog.=) p_fence
-		  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'));
+		  AND k.state OPERATOR(pg_catalog.=) 'in_progress';
 	ELSE
 		now := clock_timestamp();
-		UPDATE idempotency.keys k
+		UPDATE idempotency._own_keys k
 		SET state = 'completed', status_code = p_status, headers = p_headers, body = p_body,
 			completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
 		WHERE k.key OPERATOR(pg_catalog.=) p_key
 		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 		  AND k.fence OPERATOR(pg_catalog.=) p_fence
 		  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
 		  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now
 				   AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
 	END IF;
@@ -937,10 +999,12 @@ CREATE FUNCTION idempotency.complete(
 	headers jsonb DEFAULT NULL,
 	scope text DEFAULT NULL)
 RETURNS text
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 -- The hot path, as claim's: few expressions, the rest in _complete.
+DECLARE
+	now timestamptz;
 BEGIN
 	IF complete.key IS NULL OR octet_length(complete.key) OPERATOR(pg_catalog.>) 255
 	   OR complete.key OPERATOR(pg_catalog.=) '' OR complete.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
@@ -953,26 +1017,21 @@ BEGIN
 	   OR octet_length(complete.body) OPERATOR(pg_catalog.>) 1048576
 	   OR COALESCE(current_setting('idempotency.max_response_bytes', true), '1MB') OPERATOR(pg_catalog.<>) '1MB'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-	   OR (pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
-							   THEN session_user ELSE current_setting('role') END)::regrole, 'pg_monitor', 'USAGE')
-		   AND NOT pg_has_role(quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
-								   THEN session_user ELSE current_setting('role') END)::regrole, current_user, 'USAGE')) THEN
+	   OR (pg_has_role('pg_monitor', 'USAGE')
+		   AND NOT has_table_privilege('idempotency.keys'::pg_catalog.regclass, 'SELECT')) THEN
 		RETURN idempotency._complete(complete.key, complete.fence, complete.status_code,
 									 complete.body, complete.headers, complete.scope);
 	END IF;
-	UPDATE idempotency.keys k
+	now := clock_timestamp();
+	UPDATE idempotency._own_keys k
 	SET state = 'completed', status_code = complete.status_code, headers = NULL, body = complete.body,
-		completed_at = c.now, lease_expires_at = NULL, lease = NULL, token = NULL
-	FROM (SELECT quote_ident(CASE WHEN current_setting('role') OPERATOR(pg_catalog.=) 'none'
-								  THEN session_user ELSE current_setting('role') END)::regrole AS caller,
-				 clock_timestamp() AS now,
-				 COALESCE(complete.scope, current_setting('idempotency.scope', true), '') COLLATE "C" AS scope) c
+		completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
 	WHERE k.key OPERATOR(pg_catalog.=) (complete.key COLLATE "C")
-	  AND k.scope OPERATOR(pg_catalog.=) c.scope
+	  AND k.scope OPERATOR(pg_catalog.=)
+		  (COALESCE(complete.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
 	  AND k.fence OPERATOR(pg_catalog.=) complete.fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-	  AND (k.owner OPERATOR(pg_catalog.=) c.caller OR pg_has_role(c.caller, k.owner, 'USAGE'))
-	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) c.now AND k.lease_expires_at OPERATOR(pg_catalog.<=) c.now);
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
 	IF NOT FOUND THEN
 		PERFORM idempotency._fence_lost(complete.key);
 	END IF;
@@ -989,25 +1048,23 @@ CREATE FUNCTION idempotency.release(
 	fence bigint,
 	scope text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
 	p_scope text;
-	caller regrole;
 BEGIN
 	PERFORM idempotency._require(p_fence, 'fence');
 	p_scope := idempotency._scope(scope);
 	PERFORM idempotency._require_writable('idempotency.release()');
-	caller := idempotency._caller();
-	DELETE FROM idempotency.keys k
+	PERFORM idempotency._caller();
+	DELETE FROM idempotency._own_keys k
 	WHERE k.key OPERATOR(pg_catalog.=) p_key
 	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 	  AND k.fence OPERATOR(pg_catalog.=) p_fence
-	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'));
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress';
 	RETURN FOUND;
 END
 $$;
@@ -1020,7 +1077,7 @@ CREATE FUNCTION idempotency.extend(
 	lease interval DEFAULT NULL,
 	scope text DEFAULT NULL)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -1029,7 +1086,6 @@ DECLARE
 	p_fence bigint := fence;
 	p_lease interval := lease;
 	p_scope text;
-	caller regrole;
 	ends timestamptz;
 BEGIN
 	PERFORM idempotency._require(p_fence, 'fence');
@@ -1039,9 +1095,9 @@ BEGIN
 	END IF;
 	p_scope := idempotency._scope(scope);
 	PERFORM idempotency._require_writable('idempotency.extend()');
-	caller := idempotency._caller();
+	PERFORM idempotency._caller();
 	-- The lease's end never moves earlier; the expiry moves as much as it.
-	UPDATE idempotency.keys k
+	UPDATE idempotency._own_keys k
 	SET lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) COALESCE(p_lease, k.lease)),
 		expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
 			(now OPERATOR(pg_catalog.+) COALESCE(p_lease, k.lease)) OPERATOR(pg_catalog.-) k.lease_expires_at,
@@ -1050,7 +1106,6 @@ BEGIN
 	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 	  AND k.fence OPERATOR(pg_catalog.=) p_fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
 	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now)
 	RETURNING k.lease_expires_at INTO ends;
 	IF NOT FOUND THEN
@@ -1069,7 +1124,7 @@ CREATE FUNCTION idempotency.checkpoint(
 	recovery_state jsonb DEFAULT NULL,
 	scope text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -1078,15 +1133,16 @@ DECLARE
 	p_point text := recovery_point;
 	p_state jsonb := recovery_state;
 	p_scope text;
-	caller regrole;
 	size bigint;
 	now timestamptz;
 BEGIN
 	PERFORM idempotency._require(p_fence, 'fence');
 	p_scope := idempotency._scope(scope);
 	PERFORM idempotency._require(p_point, 'recovery_point');
+	-- As the C edition counts: the state as it is in memory (#> '{}' hands
+	-- it back decompressed), not as it was stored.
 	size := octet_length(p_point) OPERATOR(pg_catalog.+)
-		COALESCE(pg_column_size(p_state) OPERATOR(pg_catalog.-) 4, 0);
+		COALESCE(pg_column_size(p_state OPERATOR(pg_catalog.#>) '{}'::text[]) OPERATOR(pg_catalog.-) 4, 0);
 	IF size OPERATOR(pg_catalog.>) idempotency._max_response_bytes() THEN
 		RAISE EXCEPTION 'recovery point is too large'
 			USING ERRCODE = 'program_limit_exceeded',
@@ -1094,9 +1150,9 @@ BEGIN
 								  size, idempotency._max_response_bytes());
 	END IF;
 	PERFORM idempotency._require_writable('idempotency.checkpoint()');
-	caller := idempotency._caller();
+	PERFORM idempotency._caller();
 	now := clock_timestamp();
-	UPDATE idempotency.keys k
+	UPDATE idempotency._own_keys k
 	SET recovery_point = p_point, recovery_state = p_state,
 		lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) k.lease),
 		expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
@@ -1105,7 +1161,6 @@ BEGIN
 	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 	  AND k.fence OPERATOR(pg_catalog.=) p_fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
 	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
 	IF NOT FOUND THEN
 		PERFORM idempotency._fence_lost(p_key);
@@ -1135,10 +1190,9 @@ BEGIN
 	SELECT k.scope::text, k.key::text, k.fingerprint, k.state::text, k.attempt, k.lease,
 		   k.lease_expires_at, k.recovery_point, k.recovery_state, k.status_code, k.headers,
 		   k.body, k.created_at, k.completed_at, k.expires_at
-	FROM idempotency.keys k
+	FROM idempotency._own_keys k
 	WHERE k.key OPERATOR(pg_catalog.=) k_key
 	  AND k.scope OPERATOR(pg_catalog.=) (k_scope COLLATE "C")
-	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller, k.owner, 'USAGE'))
 	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now
 			   AND (k.state OPERATOR(pg_catalog.=) 'completed'
 					OR k.lease_expires_at OPERATOR(pg_catalog.<=) now))
@@ -1169,7 +1223,7 @@ CREATE FUNCTION idempotency.lookup(
 	OUT completed_at timestamptz,
 	OUT expires_at timestamptz)
 RETURNS SETOF record
-LANGUAGE sql VOLATILE PARALLEL SAFE SECURITY DEFINER ROWS 1
+LANGUAGE sql VOLATILE PARALLEL SAFE ROWS 1
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT * FROM idempotency._lookup($1, $2) $$;
 COMMENT ON FUNCTION idempotency.lookup(text, text) IS
@@ -1234,16 +1288,42 @@ RETURN idempotency._fingerprint(method, path,
 COMMENT ON FUNCTION idempotency.fingerprint_json(text, text, jsonb, text) IS
 	'SHA-256 of a request with a JSON body, whatever its key order and whitespace';
 
-CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
+-- Deletes up to n expired records of every role, oldest first through the
+-- reaper's index, skipping locked ones; returns how many.  As the table's
+-- owner (SECURITY DEFINER): whoever schedules it reaps every role's
+-- records, and only expired ones, whatever the caller passes.  The table
+-- itself only (ONLY): a ctid names a row of one table.
+CREATE FUNCTION idempotency._reap(n integer)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	n int := COALESCE(batch, (CASE WHEN current_setting('idempotency.reaper_batch', true) OPERATOR(pg_catalog.<>) ''
-		THEN current_setting('idempotency.reaper_batch', true) END)::int, 10000);
 	now timestamptz := clock_timestamp();
 	reaped bigint;
+BEGIN
+	DELETE FROM ONLY idempotency.keys WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+		SELECT k.ctid FROM ONLY idempotency.keys k
+		WHERE idempotency._expiry_second(k.expires_at) OPERATOR(pg_catalog.<=) idempotency._expiry_second(now)
+		  AND k.expires_at OPERATOR(pg_catalog.<=) now
+		  AND (k.state OPERATOR(pg_catalog.=) 'completed' OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+		ORDER BY idempotency._expiry_second(k.expires_at), k.expires_at
+		LIMIT GREATEST(n, 0) FOR UPDATE SKIP LOCKED));
+	GET DIAGNOSTICS reaped = ROW_COUNT;
+	RETURN reaped;
+END
+$$;
+COMMENT ON FUNCTION idempotency._reap(integer) IS
+	'internal: deletes up to n expired records of every role, as the table''s owner';
+
+CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int := COALESCE(batch, (CASE WHEN current_setting('idempotency.reaper_batch', true) OPERATOR(pg_catalog.<>) ''
+		THEN current_setting('idempotency.reaper_batch', true) END)::int, 10000);
 BEGIN
 	IF n OPERATOR(pg_catalog.<=) 0 THEN
 		RAISE EXCEPTION 'argument "%" must be positive', 'batch'
@@ -1251,16 +1331,7 @@ BEGIN
 	END IF;
 	PERFORM idempotency._require_writable('idempotency.reap()');
 	PERFORM idempotency._caller();
-	-- Oldest first through the reaper's index, skipping locked records.
-	DELETE FROM idempotency.keys WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
-		SELECT k.ctid FROM idempotency.keys k
-		WHERE idempotency._expiry_second(k.expires_at) OPERATOR(pg_catalog.<=) idempotency._expiry_second(now)
-		  AND k.expires_at OPERATOR(pg_catalog.<=) now
-		  AND (k.state OPERATOR(pg_catalog.=) 'completed' OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)
-		ORDER BY idempotency._expiry_second(k.expires_at), k.expires_at
-		LIMIT n FOR UPDATE SKIP LOCKED));
-	GET DIAGNOSTICS reaped = ROW_COUNT;
-	RETURN reaped;
+	RETURN idempotency._reap(n);
 END
 $$;
 COMMENT ON FUNCTION idempotency.reap(integer) IS
@@ -1360,7 +1431,7 @@ FROM idempotency._stats_counters() c,
 					pg_catalog.min(k.lease_expires_at) FILTER (WHERE k.state
 						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
 						AS oldest_lease_expires_at
-			 FROM idempotency.keys k) l;
+			 FROM ONLY idempotency.keys k) l;
 COMMENT ON VIEW idempotency.stats IS
 	'Counters of the API since start or stats_reset() (NULL here), and live figures of the records';
 
@@ -1370,16 +1441,6 @@ GRANT SELECT ON idempotency.stats TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._stats_counters() TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;
--- The internal helpers run inside the API's functions, as the owner.
-REVOKE ALL ON FUNCTION idempotency._require(anyelement, text), idempotency._has_control_chars(text),
-	idempotency._check_key(text), idempotency._scope(text),
-	idempotency._setting_interval(text, text, interval), idempotency._bounded(interval, text, interval),
-	idempotency._require_positive(interval, timestamptz, text), idempotency._require_writable(text),
-	idempotency._caller(), idempotency._fence_lost(text), idempotency._max_response_bytes(),
-	idempotency._filter_headers(jsonb), idempotency._lookup(text, text),
-	idempotency._claim(text, bytea, text, interval, interval, interval, uuid),
-	idempotency._complete(text, bigint, integer, bytea, jsonb, text)
-	FROM PUBLIC;
 
 -- 1.3: idempotency.stats reads no more than the records in progress, and
 -- idempotency.in_flight lists them for pg_monitor (as in the C edition).
