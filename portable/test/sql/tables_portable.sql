@@ -29,8 +29,13 @@ SELECT idempotency.complete('Inh-2', :inh_fence, 201, 'parent', scope => 'tables
 SELECT idempotency.reap() AS reaped;
 SELECT tableoid::regclass AS in_table, key, state, convert_from(body, 'UTF8') AS body
 FROM idempotency.keys WHERE scope = 'tables' ORDER BY 1, 2;
--- nor does the statistics view count it
-SELECT rows_total FROM idempotency.stats;
+-- nor do the statistics and in_flight count the child's record in progress
+INSERT INTO public.idem_keys_child (fence, created_at, expires_at, attempt, owner, lease,
+  lease_expires_at, state, scope, key, fingerprint)
+VALUES (1000001, now(), now() + interval '10 days', 1, current_user::regrole, interval '1 day',
+  now() + interval '1 day', 'in_progress', 'tables', 'Inh-3', '\x03');
+SELECT rows_in_progress, (SELECT count(*) FROM idempotency.in_flight) AS in_flight
+FROM idempotency.stats;
 DROP TABLE public.idem_keys_child;
 
 -- the table as a partition for tenant-a: a claim of tenant-b is refused
