@@ -120,16 +120,16 @@ class FlaskServer:
         self.pool.close()
 
 
-class AsgiServer:
-    """A FastAPI app on an async pool, served by uvicorn in a thread."""
+class UvicornServer:
+    """An ASGI app served by uvicorn in a thread, on a free port of 127.0.0.1."""
 
-    def __init__(self, conninfo, pool_options, options):
-        """Starts serving on a free port; the app opens its pool at startup."""
-        self.pool = AsyncConnectionPool(conninfo, open=False, **pool_options)
+    def __init__(self, app, lifespan="on"):
+        """Starts serving; returns once uvicorn has started."""
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(asgi_app(self.pool, **options), lifespan="on", log_level="warning")
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, lifespan=lifespan, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
@@ -141,9 +141,18 @@ class AsgiServer:
             time.sleep(0.01)
 
     def stop(self):
-        """Stops serving; the app closes its pool at shutdown."""
+        """Stops serving (an app with a lifespan closes its pool then)."""
         self.server.should_exit = True
         self.thread.join()
+
+
+class AsgiServer(UvicornServer):
+    """A FastAPI app on an async pool, served by uvicorn in a thread."""
+
+    def __init__(self, conninfo, pool_options, options):
+        """Starts serving on a free port; the app opens its pool at startup."""
+        self.pool = AsyncConnectionPool(conninfo, open=False, **pool_options)
+        super().__init__(asgi_app(self.pool, **options))
 
 
 SERVERS = {"flask": FlaskServer, "asgi": AsgiServer}
