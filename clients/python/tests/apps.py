@@ -59,8 +59,10 @@ def flask_app(pool, **options):
     return app
 
 
-def asgi_app(pool, **options):
-    """Returns the FastAPI app, behind the ASGI middleware with options."""
+def asgi_app(pool, inner=(), outer=(), **options):
+    """Returns the FastAPI app, behind the ASGI middleware with options;
+    inner and outer: (middleware class, its options) to add between the
+    middleware and the routes, or around the middleware, innermost first."""
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         """Opens the pool inside the server's event loop, closes it at shutdown."""
@@ -68,7 +70,12 @@ def asgi_app(pool, **options):
             yield
 
     app = FastAPI(lifespan=lifespan)
+    # Starlette runs the middleware added last outermost.
+    for middleware, middleware_options in inner:
+        app.add_middleware(middleware, **middleware_options)
     app.add_middleware(IdempotencyMiddleware, pool=pool, **options)
+    for middleware, middleware_options in outer:
+        app.add_middleware(middleware, **middleware_options)
 
     def transaction(request: Request):
         """The dependency that hands an endpoint the request's transaction."""

@@ -132,7 +132,7 @@ class IdempotencyMiddleware:
             return _response(contract.problem("request_body_too_large")), None
         if key is None:
             return None, contract.Pending()
-        scope = self.options.scope(request) if self.options.scope else contract.credential_scope(headers)
+        scope = contract.claim_scope(self.options, request, headers)
         pending = contract.Pending(key, scope, None, uuid.uuid4(),
                                    contract.wsgi_fingerprint(request.META, request.method, body))
         try:
