@@ -77,7 +77,7 @@ def git_repository(into: Path) -> str:
     run(*git, "init", "-q")
     run(*git, "add", "-A")
     run(*git, "commit", "-q", "-m", "the package")
-    return f"pg-idempotency @ git+file://{into}#subdirectory=clients/python"
+    return f"git+file://{into}#subdirectory=clients/python"
 
 
 def built_wheel(tool: str, folder: Path, out: Path) -> Path:
