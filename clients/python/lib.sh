@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by clients/python/build, clients/python/test and examples/python/run:
+# Shared by clients/python/pack, clients/python/test and examples/python/run:
 # which Python, and virtualenvs with packages from PyPI.
 
 # pip's own cache, for the downloads that fill a wheelhouse.

@@ -20,7 +20,27 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "")
 pool = ConnectionPool(DATABASE_URL, min_size=2, max_size=10, timeout=5, open=False,
                       kwargs={"row_factory": namedtuple_row, "connect_timeout": 5})
 app = Flask(__name__)
-Idempotency(app, pool=pool,
+
+
+@app.before_request
+def authenticate():
+    """Your authentication goes here, before the idempotency hook: it sets
+    g.account to the account id the caller authenticated as (a session, an
+    OAuth token's subject, an API key's owner). This example has no
+    accounts, so it sets None."""
+    g.account = None
+
+
+def key_scope(req):
+    """Whose keys these are: the authenticated account, which stays the same
+    when its OAuth token is refreshed. None keeps the default, a hash of the
+    Authorization header: a refreshed token would then be a new scope, and a
+    retry sent with it would run again."""
+    return g.account
+
+
+# Registered after authenticate(): Flask runs before_request hooks in order.
+Idempotency(app, pool=pool, scope=key_scope,
             lease=os.environ.get("IDEMPOTENCY_LEASE", "60 seconds"),
             fail_open=os.environ.get("IDEMPOTENCY_FAIL_OPEN") == "on")
 

@@ -59,8 +59,10 @@ def flask_app(pool, **options):
     return app
 
 
-def asgi_app(pool, **options):
-    """Returns the FastAPI app, behind the ASGI middleware with options."""
+def asgi_app(pool, inner=(), outer=(), **options):
+    """Returns the FastAPI app, behind the ASGI middleware with options;
+    inner and outer: (middleware class, its options) to add between the
+    middleware and the routes, or around the middleware, innermost first."""
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         """Opens the pool inside the server's event loop, closes it at shutdown."""
@@ -68,7 +70,12 @@ def asgi_app(pool, **options):
             yield
 
     app = FastAPI(lifespan=lifespan)
+    # Starlette runs the middleware added last outermost.
+    for middleware, middleware_options in inner:
+        app.add_middleware(middleware, **middleware_options)
     app.add_middleware(IdempotencyMiddleware, pool=pool, **options)
+    for middleware, middleware_options in outer:
+        app.add_middleware(middleware, **middleware_options)
 
     def transaction(request: Request):
         """The dependency that hands an endpoint the request's transaction."""
@@ -120,16 +127,16 @@ class FlaskServer:
         self.pool.close()
 
 
-class AsgiServer:
-    """A FastAPI app on an async pool, served by uvicorn in a thread."""
+class UvicornServer:
+    """An ASGI app served by uvicorn in a thread, on a free port of 127.0.0.1."""
 
-    def __init__(self, conninfo, pool_options, options):
-        """Starts serving on a free port; the app opens its pool at startup."""
-        self.pool = AsyncConnectionPool(conninfo, open=False, **pool_options)
+    def __init__(self, app, lifespan="on"):
+        """Starts serving; returns once uvicorn has started."""
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(asgi_app(self.pool, **options), lifespan="on", log_level="warning")
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, lifespan=lifespan, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
@@ -141,9 +148,18 @@ class AsgiServer:
             time.sleep(0.01)
 
     def stop(self):
-        """Stops serving; the app closes its pool at shutdown."""
+        """Stops serving (an app with a lifespan closes its pool then)."""
         self.server.should_exit = True
         self.thread.join()
+
+
+class AsgiServer(UvicornServer):
+    """A FastAPI app on an async pool, served by uvicorn in a thread."""
+
+    def __init__(self, conninfo, pool_options, options):
+        """Starts serving on a free port; the app opens its pool at startup."""
+        self.pool = AsyncConnectionPool(conninfo, open=False, **pool_options)
+        super().__init__(asgi_app(self.pool, **options))
 
 
 SERVERS = {"flask": FlaskServer, "asgi": AsgiServer}

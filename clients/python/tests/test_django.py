@@ -3,6 +3,7 @@
 is the project's settings' ROOT_URLCONF, its views write through Django's
 connection inside the middleware's transaction.atomic()."""
 
+import asyncio
 import json
 import threading
 import time
@@ -10,6 +11,7 @@ import time
 import django
 import psycopg
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection, connections
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
@@ -29,7 +31,7 @@ def configure():
                 "USER": params.get("user", ""), "PASSWORD": params.get("password", ""),
                 "HOST": params.get("host", ""), "PORT": params.get("port", "")}
     settings.configure(
-        DEBUG=False, ALLOWED_HOSTS=["testserver"], ROOT_URLCONF=__name__, SECRET_KEY="test",
+        DEBUG=False, ALLOWED_HOSTS=["testserver", "127.0.0.1"], ROOT_URLCONF=__name__, SECRET_KEY="test",
         MIDDLEWARE=["pg_idempotency.django.IdempotencyMiddleware"],
         DATABASES={"default": database,
                    "down": {**database, "HOST": "127.0.0.1", "PORT": "1",
@@ -83,7 +85,33 @@ def in_transaction(request):
     return JsonResponse({"atomic": db().in_atomic_block})
 
 
-urlpatterns = [path("payments", charge), path("headers", binary), path("db", in_transaction)]
+def insert_charge(amount) -> int:
+    """Inserts a charge through Django's connection; returns its id."""
+    with db().cursor() as cursor:
+        cursor.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id", [amount])
+        return cursor.fetchone()[0]
+
+
+# Set by the async view once its charge is written (tests under ASGI wait for it).
+CHARGED = threading.Event()
+
+
+async def charge_async(request):
+    """POST /async/payments {"amount", "delay_ms", "fail", "raise"}: an async
+    view; its write goes through sync_to_async, as the async ORM's do."""
+    data = json.loads(request.body or b"{}")
+    charge_id = await sync_to_async(insert_charge)(data.get("amount", 1))
+    CHARGED.set()
+    await asyncio.sleep(data.get("delay_ms", 0) / 1000)
+    if data.get("raise"):
+        raise RuntimeError("the view failed")
+    if data.get("fail"):
+        return JsonResponse({"error": f"charge {charge_id} was declined"}, status=500)
+    return JsonResponse({"charge": charge_id}, status=201)
+
+
+urlpatterns = [path("payments", charge), path("headers", binary), path("db", in_transaction),
+               path("async/payments", charge_async)]
 
 
 def tenant_scope(request):

@@ -8,6 +8,7 @@ from the cache), an expired record, an exception, the local cache, and a
 Lambda timeout (the in-progress expiry) with the takeover that follows."""
 
 import threading
+from datetime import timedelta
 
 import pytest
 from aws_lambda_powertools.utilities.idempotency import (
@@ -207,6 +208,57 @@ def test_a_record_runs_again_once_it_expired(store, admin):
     wait_for(admin, "SELECT NOT EXISTS (SELECT FROM idempotency.keys WHERE expires_at > clock_timestamp())")
     assert handler(EVENT, LambdaContext()) == {"statusCode": 201, "charge": 2}
     assert records(admin) == [("completed", 1)], "the expired record counts as absent: attempt 1"
+
+
+def age(admin, seconds):
+    """Moves every record's clock readings back by seconds, as if that much
+    time had passed since its claim (no sleep that assumes timing)."""
+    admin.execute("""UPDATE idempotency.keys SET created_at = created_at - %(age)s,
+                         expires_at = expires_at - %(age)s,
+                         completed_at = completed_at - %(age)s,
+                         lease_expires_at = lease_expires_at - %(age)s""",
+                  {"age": timedelta(seconds=seconds)})
+
+
+def test_a_completed_record_expires_after_its_expiry_whatever_time_the_lambda_had_left(store, admin):
+    # Powertools' DynamoDB layer: a record past expires_after_seconds is
+    # absent, however long the invocation that wrote it had left.
+    calls = []
+    handler = handler_on(store, calls, IdempotencyConfig(event_key_jmespath="body", expires_after_seconds=2))
+    handler(EVENT, LambdaContext(remaining=10_000))
+    age(admin, 3)
+    assert handler(EVENT, LambdaContext(remaining=10_000)) == {"statusCode": 201, "charge": 2}
+    assert records(admin) == [("completed", 1)]
+
+
+def test_an_in_progress_record_past_its_expiry_runs_again_as_dynamodb_overwrites_it(pool, store, admin):
+    # DynamoDB's conditional put succeeds once the expiry has passed, even
+    # while the in-progress expiry (the Lambda's remaining time) has not.
+    config = IdempotencyConfig(event_key_jmespath="body", expires_after_seconds=2)
+    first = PostgresPersistenceLayer(pool)
+    first.configure(config, key_prefix="payments")
+    first.save_inprogress(EVENT, remaining_time_in_millis=10_000)
+    age(admin, 3)
+    calls = []
+
+    @idempotent(persistence_store=store, config=config, key_prefix="payments")
+    def handler(event, context):
+        """The next invocation."""
+        calls.append(event)
+        return {"charge": len(calls)}
+    assert handler(EVENT, LambdaContext(remaining=10_000)) == {"charge": 1}
+    assert records(admin) == [("completed", 1)], "past its expiry and its lease: absent"
+    with pytest.raises(ClaimLost):
+        first.save_success(EVENT, {"charge": "stale"})
+
+
+def test_a_record_replayed_within_its_expiry_reports_that_expiry(store, admin):
+    calls = []
+    handler = handler_on(store, calls, IdempotencyConfig(event_key_jmespath="body", expires_after_seconds=5))
+    handler(EVENT, LambdaContext(remaining=10_000))
+    age(admin, 3)
+    assert handler(EVENT, LambdaContext(remaining=10_000)) == {"statusCode": 201, "charge": 1}
+    assert value(admin, "SELECT expires_at - created_at FROM idempotency.keys").total_seconds() == 5
 
 
 def test_an_exception_releases_the_key_and_the_retry_runs(store, admin):

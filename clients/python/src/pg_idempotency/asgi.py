@@ -61,7 +61,7 @@ class IdempotencyMiddleware:
         """Claims the key and runs the app when it is new; returns the answer to send."""
         pending = contract.Pending()
         if key is not None:
-            claim_scope = self.options.scope(scope) if self.options.scope else contract.credential_scope(headers)
+            claim_scope = contract.claim_scope(self.options, scope, headers)
             pending = contract.Pending(key, claim_scope, None, uuid.uuid4(), _fingerprint(scope, body))
             try:
                 claim = await self._claim(held, pending)

@@ -145,20 +145,22 @@ class Client:
 
     @staticmethod
     def _execute(conn, commit: bool, sql: str, params: tuple, row_factory):
-        """Executes sql; with commit, commits conn's transaction in the same round trip."""
+        """Executes sql; with commit, commits conn's transaction in the same round trip.
+        Never as a prepared statement: behind pgbouncer in transaction mode
+        the next transaction may run on a server connection without it."""
         cur = conn.cursor(row_factory=row_factory)
         if not commit or conn.autocommit:
-            return cur.execute(sql, params).fetchone()
+            return cur.execute(sql, params, prepare=False).fetchone()
         if _idle(conn):
             # A statement alone commits by itself: no BEGIN, no COMMIT.
             conn.autocommit = True
             try:
-                return cur.execute(sql, params).fetchone()
+                return cur.execute(sql, params, prepare=False).fetchone()
             finally:
                 conn.autocommit = False
         with conn.pipeline():
-            cur.execute(sql, params)
-            conn.execute("COMMIT")
+            cur.execute(sql, params, prepare=False)
+            conn.execute("COMMIT", prepare=False)
         return cur.fetchone()
 
 
@@ -220,14 +222,14 @@ class AsyncClient:
         """As Client._execute."""
         cur = conn.cursor(row_factory=row_factory)
         if not commit or conn.autocommit:
-            return await (await cur.execute(sql, params)).fetchone()
+            return await (await cur.execute(sql, params, prepare=False)).fetchone()
         if _idle(conn):
             await conn.set_autocommit(True)
             try:
-                return await (await cur.execute(sql, params)).fetchone()
+                return await (await cur.execute(sql, params, prepare=False)).fetchone()
             finally:
                 await conn.set_autocommit(False)
         async with conn.pipeline():
-            await cur.execute(sql, params)
-            await conn.execute("COMMIT")
+            await cur.execute(sql, params, prepare=False)
+            await conn.execute("COMMIT", prepare=False)
         return await cur.fetchone()

@@ -161,6 +161,14 @@ def credential_scope(headers: Headers) -> str:
     return ""
 
 
+def claim_scope(options: Options, request: Any, headers: Headers) -> str:
+    """Returns the scope of a request's key: what the scope option says (the
+    authenticated principal), or, when it is unset or says None, the hash of
+    the caller's credential."""
+    scope = options.scope(request) if options.scope else None
+    return credential_scope(headers) if scope is None else scope
+
+
 def request_fingerprint(method: str, path: bytes, query: Optional[bytes],
                         body: Optional[bytes]) -> bytes:
     """Returns the fingerprint of a request: an empty body or query counts as none."""
@@ -260,6 +268,11 @@ def _header_pairs(stored: dict) -> Iterable[Tuple[str, str]]:
             yield name, one
 
 
+# Stored with the body whatever store_headers says: without it the stored
+# bytes (compressed by a middleware inside this one) cannot be read.
+BODY_HEADERS = frozenset({"content-encoding"})
+
+
 def headers_to_store(headers: Iterable[Tuple[str, str]], options: Options) -> dict:
     """Picks the response headers a replay repeats, as {name: value or [values]},
     a name spelt as it first appears."""
@@ -267,6 +280,6 @@ def headers_to_store(headers: Iterable[Tuple[str, str]], options: Options) -> di
     values: dict = {}
     for name, value in headers:
         lower = name.lower()
-        if lower in options.store_headers:
+        if lower in options.store_headers or lower in BODY_HEADERS:
             values.setdefault(spelling.setdefault(lower, name), []).append(value)
     return {name: found[0] if len(found) == 1 else found for name, found in values.items()}

@@ -9,15 +9,25 @@ once, so that a concurrent retry sees it), then runs the view inside
 ``transaction.atomic()`` and stores the view's response with
 idempotency.complete() in that same transaction: the view's ORM writes and
 the stored response commit together. A 5xx or a view that raised rolls back.
+
+It is sync and async capable. Under ASGI the rest of the chain is awaited on
+the event loop; the middleware's own database work (the claim, the atomic
+block, complete) runs through Django's thread-sensitive executor on the
+request's connection, where the async ORM (``await Model.objects.acreate()``)
+and ``sync_to_async`` code of the view run too, so their writes are in the
+block. A view cancelled there (the client went away) rolls back and releases
+the key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from typing import Optional
+from typing import NamedTuple, Optional
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, connections, transaction
@@ -30,14 +40,36 @@ from .client import CLAIM, COMPLETE, RELEASE, Claim, _json
 IK001 = "IK001"
 
 
+class _Attempt(NamedTuple):
+    """One run of the view in its transaction: its response and body, whether
+    it failed (rolled back), or the DatabaseError that ended the transaction."""
+    response: Optional[HttpResponse] = None
+    body: bytes = b""
+    failed: bool = False
+    error: Optional[DatabaseError] = None
+
+
+class _Step(NamedTuple):
+    """What follows an attempt: the response to send, or the claim to run again with."""
+    response: Optional[HttpResponse] = None
+    pending: Optional[contract.Pending] = None
+    lost: Optional[DatabaseError] = None
+
+
 class IdempotencyMiddleware:
     """Guards the project's POST and PATCH requests with Idempotency-Key.
     Settings: IDEMPOTENCY, a dict of contract.Options and "using" (the
     database alias, default "default"); "scope" may be a dotted path."""
 
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response):
         """Reads settings.IDEMPOTENCY once, when Django loads the middleware."""
         self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
         options = dict(getattr(settings, "IDEMPOTENCY", {}))
         self.using = options.pop("using", "default")
         if isinstance(options.get("scope"), str):
@@ -46,83 +78,165 @@ class IdempotencyMiddleware:
 
     def __call__(self, request):
         """Serves one request: covered methods are guarded."""
+        if self.async_mode:
+            return self.__acall__(request)
         if request.method not in self.options.methods:
             return self.get_response(request)
-        headers = [(name.lower(), value.encode("latin-1")) for name, value in request.headers.items()]
-        key, refusal = contract.read_key(headers, self.options)
-        if refusal:
-            return _response(refusal)
+        answer, pending = self._begin(request)
+        if answer is not None:
+            return answer
+        for _ in range(1 + contract.RERUNS):
+            step = self._settle(request, pending, self._attempt(request, pending))
+            if step.response is not None:
+                return step.response
+            pending = step.pending
+        return self._give_up(step)
+
+    async def __acall__(self, request):
+        """Serves one request under ASGI: as __call__, the view awaited."""
+        if request.method not in self.options.methods:
+            return await self.get_response(request)
+        begin = asyncio.ensure_future(sync_to_async(self._begin)(request))
         try:
-            body = request.body
-        except RequestDataTooBig:
-            return _response(contract.problem("request_body_too_large"))
-        pending = contract.Pending()
-        if key is not None:
-            scope = self.options.scope(request) if self.options.scope else contract.credential_scope(headers)
-            pending = contract.Pending(key, scope, None, uuid.uuid4(),
-                                       contract.wsgi_fingerprint(request.META, request.method, body))
-            try:
-                claim = self._claim(pending)
-            except DatabaseError as err:
-                refusal = contract.refused_key(err.__cause__) if _sqlstate(err) else None
-                if refusal or not self.options.fail_open:
-                    return _response(refusal or contract.unavailable(err))
-                contract.log.error("idempotency: running unguarded: %s", err)
-                pending = contract.Pending()
-            else:
-                answer = contract.answer_claim(claim)
-                if answer:
-                    return _response(answer)
-                pending = pending._replace(fence=claim.fence)
-        return self._run(request, pending)
+            answer, pending = await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            # The claim runs on to its end on the request's thread: free it.
+            _, pending = await begin
+            if pending is not None:
+                await sync_to_async(self._abandon)(pending)
+            raise
+        if answer is not None:
+            return answer
+        for _ in range(1 + contract.RERUNS):
+            attempt = await self._aattempt(request, pending)
+            step = await sync_to_async(self._settle)(request, pending, attempt)
+            if step.response is not None:
+                return step.response
+            pending = step.pending
+        return await sync_to_async(self._give_up)(step)
 
     def process_exception(self, request, exception):
         """Notes that the view raised: its key is released whatever Django answers."""
         request._idempotency_raised = True
 
-    def _run(self, request, pending: contract.Pending):
-        """Runs the view in a transaction that commits with its stored
-        response; when the COMMIT's answer is lost, claims again with the
-        token: replay means it committed (the view's response goes out), new
-        that it rolled back (the view runs again)."""
-        for _ in range(1 + contract.RERUNS):
-            try:
-                with transaction.atomic(using=self.using):
-                    response = self.get_response(request)
-                    body = _content(response)
-                    failed = _failed(request, response)
-                    if failed:
-                        transaction.set_rollback(True, using=self.using)
-                    elif pending.fence is not None:
-                        self._call(COMPLETE, pending.key, pending.fence, response.status_code, body,
-                                   _json(contract.headers_to_store(response.items(), self.options)),
-                                   pending.scope)
-            except DatabaseError as err:
-                if _sqlstate(err) == IK001:
-                    return _response(contract.claim_lost())
-                if pending.fence is None or not contract.answer_lost(err.__cause__):
-                    self._abandon(pending)
-                    return _response(contract.unavailable(err))
-                lost = err
-            else:
-                if failed:
-                    raised = getattr(request, "_idempotency_raised", False)
-                    self._abandon(pending, None if raised else
-                                  contract.Answer(response.status_code, list(response.items()), body))
-                return response
-            try:
-                claim = self._claim(pending)
-            except DatabaseError as err:
-                return _response(contract.outcome_unknown(err))
-            if claim.outcome == "replay":
-                return response     # it committed: this is the response stored
-            if claim.outcome != "new":   # another request took the key over
-                return _response(contract.claim_lost())
-            pending = pending._replace(fence=claim.fence)
-            request._idempotency_raised = False
-            contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
-        self._abandon(pending)
-        return _response(contract.outcome_unknown(lost))
+    def _begin(self, request):
+        """Reads the key and claims it: returns (the answer, None) when the
+        view must not run, else (None, the claim to run it under)."""
+        headers = [(name.lower(), value.encode("latin-1")) for name, value in request.headers.items()]
+        key, refusal = contract.read_key(headers, self.options)
+        if refusal:
+            return _response(refusal), None
+        try:
+            body = request.body
+        except RequestDataTooBig:
+            return _response(contract.problem("request_body_too_large")), None
+        if key is None:
+            return None, contract.Pending()
+        scope = contract.claim_scope(self.options, request, headers)
+        pending = contract.Pending(key, scope, None, uuid.uuid4(),
+                                   contract.wsgi_fingerprint(request.META, request.method, body))
+        try:
+            claim = self._claim(pending)
+        except DatabaseError as err:
+            refusal = contract.refused_key(err.__cause__) if _sqlstate(err) else None
+            if refusal or not self.options.fail_open:
+                return _response(refusal or contract.unavailable(err)), None
+            contract.log.error("idempotency: running unguarded: %s", err)
+            return None, contract.Pending()
+        answer = contract.answer_claim(claim)
+        if answer:
+            return _response(answer), None
+        return None, pending._replace(fence=claim.fence)
+
+    def _attempt(self, request, pending: contract.Pending) -> _Attempt:
+        """Runs the view in a transaction that commits with its stored response."""
+        attempt = _Attempt()
+        try:
+            with transaction.atomic(using=self.using):
+                response = self.get_response(request)
+                attempt = _Attempt(response, _content(response))
+                return attempt._replace(failed=self._store(request, pending, response, attempt.body))
+        except DatabaseError as err:
+            return attempt._replace(error=err)
+
+    async def _aattempt(self, request, pending: contract.Pending) -> _Attempt:
+        """As _attempt, the view awaited between entering and leaving the
+        block on the request's thread; a view cancelled or raising past
+        Django rolls back and releases the key."""
+        atomic = transaction.atomic(using=self.using)
+        await sync_to_async(atomic.__enter__)()
+        attempt = _Attempt()
+        try:
+            response = await self.get_response(request)
+            attempt = _Attempt(response, await _acontent(response))
+            attempt = attempt._replace(
+                failed=await sync_to_async(self._store)(request, pending, response, attempt.body))
+        except BaseException as err:
+            # One call, so that it runs to its end even if this task is cancelled again.
+            await sync_to_async(self._leave_failed)(atomic, err, pending)
+            if isinstance(err, DatabaseError):
+                return attempt._replace(error=err)
+            raise
+        try:
+            await sync_to_async(atomic.__exit__)(None, None, None)
+        except DatabaseError as err:
+            return attempt._replace(error=err)
+        return attempt
+
+    def _leave_failed(self, atomic, err: BaseException, pending: contract.Pending) -> None:
+        """Leaves the block after err (it rolls back); what is not a database
+        error (a cancellation) also releases the key."""
+        try:
+            atomic.__exit__(type(err), err, err.__traceback__)
+        except DatabaseError as exit_err:
+            contract.log.error("idempotency: could not roll back %r: %s", pending.key, exit_err)
+        if not isinstance(err, DatabaseError):
+            self._abandon(pending)
+
+    def _store(self, request, pending: contract.Pending, response, body: bytes) -> bool:
+        """In the view's block: marks a failed view's writes for rollback, or
+        stores its response with complete(); returns whether it failed."""
+        failed = _failed(request, response)
+        if failed:
+            transaction.set_rollback(True, using=self.using)
+        elif pending.fence is not None:
+            self._call(COMPLETE, pending.key, pending.fence, response.status_code, body,
+                       _json(contract.headers_to_store(response.items(), self.options)),
+                       pending.scope)
+        return failed
+
+    def _settle(self, request, pending: contract.Pending, attempt: _Attempt) -> _Step:
+        """After an attempt: the response, or, when the COMMIT's answer was
+        lost, claims again with the token: replay means it committed (the
+        view's response goes out), new that it rolled back (the view runs again)."""
+        err = attempt.error
+        if err is None:
+            if attempt.failed:
+                raised = getattr(request, "_idempotency_raised", False)
+                self._abandon(pending, None if raised else contract.Answer(
+                    attempt.response.status_code, list(attempt.response.items()), attempt.body))
+            return _Step(attempt.response)
+        if _sqlstate(err) == IK001:
+            return _Step(_response(contract.claim_lost()))
+        if pending.fence is None or not contract.answer_lost(err.__cause__):
+            self._abandon(pending)
+            return _Step(_response(contract.unavailable(err)))
+        try:
+            claim = self._claim(pending)
+        except DatabaseError as again:
+            return _Step(_response(contract.outcome_unknown(again)))
+        if claim.outcome == "replay":
+            return _Step(attempt.response)     # it committed: this is the response stored
+        if claim.outcome != "new":   # another request took the key over
+            return _Step(_response(contract.claim_lost()))
+        request._idempotency_raised = False
+        contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
+        return _Step(None, pending._replace(fence=claim.fence), err)
+
+    def _give_up(self, step: _Step) -> HttpResponse:
+        """After contract.RERUNS COMMITs that rolled back: releases the key, 503."""
+        self._abandon(step.pending)
+        return _response(contract.outcome_unknown(step.lost))
 
     def _abandon(self, pending: contract.Pending, failed: Optional[contract.Answer] = None) -> None:
         """Ends the claim after its writes rolled back: a 5xx response
@@ -193,6 +307,15 @@ def _content(response) -> bytes:
         response.streaming_content = [body]
         return body
     return response.content
+
+
+async def _acontent(response) -> bytes:
+    """As _content, for a response that may stream asynchronously."""
+    if getattr(response, "is_async", False):
+        body = b"".join([chunk async for chunk in response.streaming_content])
+        response.streaming_content = [body]
+        return body
+    return await sync_to_async(_content)(response)
 
 
 def _sqlstate(err: DatabaseError) -> Optional[str]:

@@ -57,7 +57,7 @@ class Idempotency:
                 return self._unguarded(err)
             g.idempotency = contract.Pending()
             return None
-        scope = self.options.scope(request) if self.options.scope else contract.credential_scope(headers)
+        scope = contract.claim_scope(self.options, request, headers)
         pending = contract.Pending(key, scope, None, uuid.uuid4(), _fingerprint())
         try:
             claim = self._claim(pending)

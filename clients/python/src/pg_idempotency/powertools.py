@@ -19,7 +19,10 @@ Powertools' calls map onto the extension's functions:
 - The claim's lease is Powertools' in-progress expiry: the time the Lambda
   invocation has left (``config.register_lambda_context``), so that an
   invocation that timed out is taken over by the next one; without a
-  registered context, the whole record expiry, as Powertools does.
+  registered context, the whole record expiry, as Powertools does. The
+  lease never outlasts the record expiry: Powertools' DynamoDB layer
+  overwrites a record once either has passed, so a record counts as absent
+  after ``expires_after_seconds`` whatever time the invocation had left.
 - save_success is complete (the result's JSON stored as the body); an
   exception's delete_record is release.
 - The record's retention is Powertools' ``expires_after_seconds``, counted
@@ -34,6 +37,7 @@ Powertools' calls map onto the extension's functions:
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from datetime import timedelta
@@ -78,9 +82,9 @@ class PostgresPersistenceLayer(BasePersistenceLayer):
         """Claims the key: returns when this invocation runs the function,
         else raises what Powertools expects for the record found."""
         retention = timedelta(seconds=self.expires_after_seconds)
-        lease = _lease(data_record, retention)
         claim = self.client.claim(data_record.idempotency_key, _fingerprint(data_record.payload_hash),
-                                  scope=self.scope, lease=lease, retention=max(retention, lease))
+                                  scope=self.scope, lease=_lease(data_record, retention),
+                                  retention=retention)
         if claim.outcome == "new":
             self._held()[data_record.idempotency_key] = claim.fence
             return
@@ -129,11 +133,12 @@ class PostgresPersistenceLayer(BasePersistenceLayer):
 
 def _lease(data_record: DataRecord, retention: timedelta) -> timedelta:
     """The claim's lease: until Powertools' in-progress expiry (the
-    invocation's deadline), or the whole retention without one."""
+    invocation's deadline) or the record's expiry, whichever comes first, as
+    DynamoDB's conditional put decides; the whole retention without a deadline."""
     if data_record.in_progress_expiry_timestamp is None:
         return retention
     left = timedelta(milliseconds=data_record.in_progress_expiry_timestamp - time.time() * 1000)
-    return max(left, MIN_LEASE)
+    return min(max(left, MIN_LEASE), retention)
 
 
 def _fingerprint(payload_hash: str) -> bytes:
@@ -150,7 +155,7 @@ def _claimed_record(data_record: DataRecord, claim: Claim, retention: timedelta)
     if claim.outcome == "replay":
         return DataRecord(idempotency_key=data_record.idempotency_key,
                           status=STATUS_CONSTANTS["COMPLETED"],
-                          expiry_timestamp=int((claim.created_at + retention).timestamp()),
+                          expiry_timestamp=math.ceil((claim.created_at + retention).timestamp()),
                           response_data=bytes(claim.body or b"").decode(),
                           payload_hash=data_record.payload_hash)
     return DataRecord(idempotency_key=data_record.idempotency_key,
