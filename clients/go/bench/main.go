@@ -240,7 +240,8 @@ func serve(mode string) {
 	}
 	var payments http.Handler
 	if mode == "guarded" {
-		payments = idempotency.Middleware(pool, idempotency.Options{})(http.HandlerFunc(
+		payments = idempotency.Middleware(pool, idempotency.Options{
+			OneTransaction: os.Getenv("IDEMPOTENCY_ONE_TRANSACTION") == "on"})(http.HandlerFunc(
 			func(w http.ResponseWriter, r *http.Request) { charge(w, r, idempotency.Tx(r.Context())) }))
 	} else {
 		payments = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
