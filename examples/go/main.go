@@ -2,7 +2,8 @@
 //
 // Environment: DATABASE_URL (a database where CREATE EXTENSION idempotency
 // is done), PORT (default 3000); for the tests, IDEMPOTENCY_LEASE (an
-// interval, default 60 seconds) and IDEMPOTENCY_FAIL_OPEN=on.
+// interval, default 60 seconds), IDEMPOTENCY_FAIL_OPEN=on and
+// IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
 package main
 
 import (
@@ -41,9 +42,16 @@ func main() {
 	if err != nil {
 		log.Fatalf("IDEMPOTENCY_LEASE: %v", err)
 	}
+	// The charge is a row in this database and nothing else, so the claim
+	// could commit with it (OneTransaction); a route that calls a payment
+	// provider keeps the default, two transactions. The scope is the
+	// default, a hash of the credential, which the conformance suite checks;
+	// behind your authentication, pass the principal instead:
+	// Scope: func(r *http.Request) string { return accountFrom(r.Context()) }.
 	guard := idempotency.Middleware(pool, idempotency.Options{
-		Lease:    lease,
-		FailOpen: os.Getenv("IDEMPOTENCY_FAIL_OPEN") == "on",
+		Lease:          lease,
+		FailOpen:       os.Getenv("IDEMPOTENCY_FAIL_OPEN") == "on",
+		OneTransaction: os.Getenv("IDEMPOTENCY_ONE_TRANSACTION") == "on",
 	})
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", health)

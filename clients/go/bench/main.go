@@ -23,7 +23,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -36,10 +35,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/idempotency/idempotency/clients/go/idempotency"
+	"github.com/idempotency/idempotency/clients/go/internal/roundtrip"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -212,8 +211,8 @@ func (s *server) stats() int64 {
 	return n
 }
 
-// readyForQuery counts the ReadyForQuery messages of every connection.
-var readyForQuery int64
+// counter counts the round trips of the server's pool.
+var counter roundtrip.Counter
 
 // serve serves the payment route of mode (guarded or plain) on 127.0.0.1
 // and prints its address; it exits when its standard input closes.
@@ -227,16 +226,7 @@ func serve(mode string) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Plain text, so that the messages can be counted; on 127.0.0.1 anyway.
-	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
-	dialer := &net.Dialer{KeepAlive: 5 * time.Minute}
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := dialer.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &countingConn{Conn: conn}, nil
-	}
+	counter.Dial(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
@@ -250,7 +240,8 @@ func serve(mode string) {
 	}
 	var payments http.Handler
 	if mode == "guarded" {
-		payments = idempotency.Middleware(pool, idempotency.Options{})(http.HandlerFunc(
+		payments = idempotency.Middleware(pool, idempotency.Options{
+			OneTransaction: os.Getenv("IDEMPOTENCY_ONE_TRANSACTION") == "on"})(http.HandlerFunc(
 			func(w http.ResponseWriter, r *http.Request) { charge(w, r, idempotency.Tx(r.Context())) }))
 	} else {
 		payments = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -268,7 +259,7 @@ func serve(mode string) {
 	mux := http.NewServeMux()
 	mux.Handle("/payments", payments)
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, atomic.LoadInt64(&readyForQuery))
+		fmt.Fprintln(w, counter.Count())
 	})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -297,42 +288,4 @@ func charge(w http.ResponseWriter, r *http.Request, tx pgx.Tx) bool {
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"charge":%d}`, id)
 	return true
-}
-
-// countingConn counts the ReadyForQuery ('Z') messages the server sends. It
-// follows the message framing (a type byte, a 4-byte length that counts
-// itself, the rest) across reads; the connection is plain text from its
-// first byte, since no SSLRequest is sent.
-type countingConn struct {
-	net.Conn
-	header [5]byte
-	have   int   // bytes of header read so far
-	skip   int64 // bytes of the current message's body still to pass
-}
-
-// Read reads from the server and counts the messages that ended in it.
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	for b := p[:n]; len(b) > 0; {
-		if c.skip > 0 {
-			step := int64(len(b))
-			if step > c.skip {
-				step = c.skip
-			}
-			c.skip -= step
-			b = b[step:]
-			continue
-		}
-		m := copy(c.header[c.have:], b)
-		c.have += m
-		b = b[m:]
-		if c.have == len(c.header) {
-			if c.header[0] == 'Z' {
-				atomic.AddInt64(&readyForQuery, 1)
-			}
-			c.skip = int64(binary.BigEndian.Uint32(c.header[1:])) - 4
-			c.have = 0
-		}
-	}
-	return n, err
 }

@@ -100,7 +100,7 @@ type Ticket struct {
 	Header        http.Header     // Replay
 	Body          []byte          // Replay
 	RetryAfter    int             // InProgress: whole seconds until the lease ends, at least 1
-	CreatedAt     time.Time       // when the key was first claimed
+	CreatedAt     time.Time       // when the key was first claimed; zero when its claim has not committed yet
 }
 
 const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, body,
@@ -113,16 +113,27 @@ const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, body,
 // claim it made is in progress, that answers New with the same fence.
 // Needs extension version 1.2.
 func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
+	return scanTicket(db.QueryRow(ctx, claimSQL, claimArgs(p)...), p)
+}
+
+// claimArgs are the arguments of claimSQL for p.
+func claimArgs(p ClaimParams) []any {
+	return []any{p.Key, p.Fingerprint, p.Scope, interval(p.Lease), interval(p.Retention),
+		interval(p.Wait), nullIfEmpty(p.Token)}
+}
+
+// scanTicket reads the row of claimSQL.
+func scanTicket(row pgx.Row, p ClaimParams) (*Ticket, error) {
 	t := &Ticket{Scope: p.Scope, Key: p.Key}
 	var (
 		fence                  *int64
 		attempt, status, retry *int32
 		headers, state         []byte
 		recoveryPoint          *string
+		createdAt              *time.Time // NULL for a claim still being written by another transaction
 	)
-	err := db.QueryRow(ctx, claimSQL, p.Key, p.Fingerprint, p.Scope, interval(p.Lease),
-		interval(p.Retention), interval(p.Wait), nullIfEmpty(p.Token)).Scan(&t.Outcome, &fence, &attempt, &status,
-		&headers, &t.Body, &recoveryPoint, &state, &retry, &t.CreatedAt)
+	err := row.Scan(&t.Outcome, &fence, &attempt, &status,
+		&headers, &t.Body, &recoveryPoint, &state, &retry, &createdAt)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: claim: %w", err)
 	}
@@ -132,6 +143,7 @@ func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
 	t.RetryAfter = int(deref(retry))
 	t.RecoveryPoint = deref(recoveryPoint)
 	t.RecoveryState = state
+	t.CreatedAt = deref(createdAt)
 	if t.Header, err = decodeHeader(headers); err != nil {
 		return nil, fmt.Errorf("idempotency: claim: %w", err)
 	}
@@ -143,17 +155,26 @@ func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
 // Returns Stored, or Released for a 5xx. A *ClaimLostError when this fence
 // lost the claim: roll that transaction back.
 func (t *Ticket) Complete(ctx context.Context, db Querier, status int, body []byte, header http.Header) (string, error) {
-	headers, err := encodeHeader(header)
+	args, err := t.completeArgs(status, body, header)
 	if err != nil {
-		return "", fmt.Errorf("idempotency: complete: %w", err)
+		return "", err
 	}
 	var result string
-	err = db.QueryRow(ctx, `SELECT idempotency.complete($1, $2, $3, $4, $5, $6)`,
-		t.Key, t.Fence, status, body, headers, t.Scope).Scan(&result)
-	if err != nil {
+	if err := db.QueryRow(ctx, completeSQL, args...).Scan(&result); err != nil {
 		return "", t.wrap("complete", err)
 	}
 	return result, nil
+}
+
+const completeSQL = `SELECT idempotency.complete($1, $2, $3, $4, $5, $6)`
+
+// completeArgs are the arguments of completeSQL.
+func (t *Ticket) completeArgs(status int, body []byte, header http.Header) ([]any, error) {
+	headers, err := encodeHeader(header)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: complete: %w", err)
+	}
+	return []any{t.Key, t.Fence, status, body, headers, t.Scope}, nil
 }
 
 // Release deletes the claim so that the next retry runs the request again.

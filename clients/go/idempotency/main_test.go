@@ -14,6 +14,10 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx"
 )
 
+// oneTransaction runs the middleware's tests with Options.OneTransaction
+// (IDEMPOTENCY_ONE_TRANSACTION=on; clients/go/test runs them both ways).
+var oneTransaction = os.Getenv("IDEMPOTENCY_ONE_TRANSACTION") == "on"
+
 // pool is a pool on DATABASE_URL, a database with the extension; sqlDB is
 // the same database through database/sql.
 var (

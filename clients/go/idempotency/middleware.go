@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Pool is what the middleware needs of a connection pool; *pgxpool.Pool is one.
 type Pool interface {
 	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Options configure Middleware; the zero value follows docs/http-contract.md.
@@ -34,7 +35,20 @@ type Options struct {
 	MaxBodyBytes int64                      // the largest request body read; default 1 MiB
 	Scope        func(*http.Request) string // whose keys; default CredentialScope
 	Logger       *log.Logger                // where database errors are logged; default the log package's
+	// OneTransaction claims in the handler's transaction: the claim, the
+	// handler's writes and complete commit together or not at all. Only for
+	// handlers whose every effect is in this database (see the README).
+	OneTransaction bool
+	// Wait is how long a claim waits for a request with the same key that
+	// is still running, then answers 409; 0: at once with two transactions,
+	// DefaultWait with OneTransaction.
+	Wait time.Duration
 }
+
+// DefaultWait is how long, with OneTransaction, a request waits for a
+// running one with the same key (whose claim has not committed yet) before
+// answering 409.
+const DefaultWait = 5 * time.Second
 
 // finishTimeout bounds complete, commit, rollback and release, which run
 // even when the client has gone away: the handler's work is kept or undone.
@@ -111,8 +125,11 @@ func (g *guard) middleware(next http.Handler) http.Handler {
 
 // newGuard checks opts and fills in the defaults.
 func newGuard(db store, opts Options) *guard {
-	if opts.Lease < 0 || opts.Retention < 0 || opts.MaxBodyBytes < 0 {
-		panic("idempotency: Lease, Retention and MaxBodyBytes must not be negative")
+	if opts.Lease < 0 || opts.Retention < 0 || opts.MaxBodyBytes < 0 || opts.Wait < 0 {
+		panic("idempotency: Lease, Retention, MaxBodyBytes and Wait must not be negative")
+	}
+	if opts.Wait == 0 && opts.OneTransaction {
+		opts.Wait = DefaultWait
 	}
 	if opts.Methods == nil {
 		opts.Methods = []string{http.MethodPost, http.MethodPatch}
@@ -164,23 +181,36 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	path, query := pathAndQuery(r)
 	c := &claim{body: body, params: ClaimParams{
 		Scope: g.opts.Scope(r), Key: key, Fingerprint: Fingerprint(r.Method, path, body, query),
-		Lease: g.opts.Lease, Retention: g.opts.Retention, Token: NewToken(),
+		Lease: g.opts.Lease, Retention: g.opts.Retention, Wait: g.opts.Wait, Token: NewToken(),
 	}}
+	if g.opts.OneTransaction {
+		g.runClaimed(w, r, next, c)
+		return
+	}
 	t, err := g.claim(r.Context(), c.params)
 	switch {
-	case SQLState(err) == codeInvalidArg:
-		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid,
-			"the idempotency store refused this Idempotency-Key", 0)
-	case err != nil && g.opts.FailOpen:
-		g.opts.Logger.Printf("idempotency: running unguarded: %v", err)
-		g.run(w, r, next, nil)
 	case err != nil:
-		g.unavailable(w, err)
+		g.claimFailed(w, r, next, err)
 	case t.Outcome == New:
 		c.ticket = t
 		g.run(w, r, next, c)
 	default:
 		answer(w, t)
+	}
+}
+
+// claimFailed answers a request whose claim failed: 400 for a key the
+// extension refused, else 503, or with FailOpen the handler runs unguarded.
+func (g *guard) claimFailed(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
+	switch {
+	case SQLState(err) == codeInvalidArg:
+		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid,
+			"the idempotency store refused this Idempotency-Key", 0)
+	case g.opts.FailOpen:
+		g.opts.Logger.Printf("idempotency: running unguarded: %v", err)
+		g.run(w, r, next, nil)
+	default:
+		g.unavailable(w, err)
 	}
 }
 
@@ -204,18 +234,33 @@ const (
 // not be made). The token makes a claim that did commit answer New again
 // with the same fence; the pool hands the retry another connection, since
 // pgx closes one that failed.
-func (g *guard) claim(ctx context.Context, p ClaimParams) (*Ticket, error) {
+func (g *guard) claim(ctx context.Context, p ClaimParams) (t *Ticket, err error) {
+	err = g.retryLost(ctx, func() error { t, err = Claim(ctx, g.db, p); return err })
+	return t, err
+}
+
+// beginClaim is claim in a new transaction (OneTransaction): BEGIN and the
+// claim, asked again the same way; a transaction whose answer was lost
+// ended with its connection.
+func (g *guard) beginClaim(ctx context.Context, p ClaimParams) (tx txn, t *Ticket, err error) {
+	err = g.retryLost(ctx, func() error { tx, t, err = g.db.beginClaim(ctx, p); return err })
+	return tx, t, err
+}
+
+// retryLost runs ask until it gets an answer (an error with a server's
+// SQLSTATE is one), claimTries times at most.
+func (g *guard) retryLost(ctx context.Context, ask func() error) error {
 	wait := claimBackoff
 	for try := 1; ; try++ {
-		t, err := Claim(ctx, g.db, p)
+		err := ask()
 		if err == nil || SQLState(err) != "" || try == claimTries || ctx.Err() != nil {
-			return t, err
+			return err
 		}
 		g.opts.Logger.Printf("idempotency: claim %d of %d got no answer, asking again: %v", try, claimTries, err)
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return nil, err
+			return err
 		}
 		wait *= 2
 	}
@@ -300,11 +345,8 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, c
 		case err != nil:
 			g.unknown(w, err)
 			return
-		case t.Outcome == Replay && t.StatusCode == rec.status && bytes.Equal(t.Body, rec.body.Bytes()):
-			rec.sendTo(w) // our COMMIT went through: the handler's answer, whole
-			return
 		case t.Outcome != New:
-			answer(w, t) // a takeover's answer, or its 409 while it runs
+			answerAfterLoss(w, t, rec)
 			return
 		case runs == maxRuns:
 			g.release(t)
@@ -316,25 +358,82 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, c
 	}
 }
 
+// answerAfterLoss answers a request whose COMMIT's answer was lost from
+// the claim that asked again (not New): a Replay of the handler's own
+// answer (rec) is that answer, whole (the COMMIT went through); anything
+// else is a takeover's answer, or its 409 while it runs.
+func answerAfterLoss(w http.ResponseWriter, t *Ticket, rec *recorder) {
+	if t.Outcome == Replay && rec != nil && t.StatusCode == rec.status && bytes.Equal(t.Body, rec.body.Bytes()) {
+		rec.sendTo(w)
+		return
+	}
+	answer(w, t)
+}
+
+// runClaimed is run with OneTransaction: each run begins a transaction
+// with the claim in it (one round trip), and the handler runs in it when
+// the claim answers New. A COMMIT whose answer was lost is resolved by the
+// next run's claim, with the request's token: Replay when it committed, New
+// (and the handler runs again) when it rolled back.
+func (g *guard) runClaimed(w http.ResponseWriter, r *http.Request, next http.Handler, c *claim) {
+	var rec *recorder // the handler's answer whose COMMIT got no answer
+	for runs := 1; ; runs++ {
+		ctx, cancel := r.Context(), context.CancelFunc(func() {})
+		if rec != nil { // the handler's work may have committed: ask whatever the client does
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+		}
+		tx, t, err := g.beginClaim(ctx, c.params)
+		cancel()
+		switch {
+		case err != nil && rec != nil:
+			g.unknown(w, err)
+			return
+		case err != nil:
+			g.claimFailed(w, r, next, err)
+			return
+		case t.Outcome != New:
+			g.rollback(tx)
+			answerAfterLoss(w, t, rec)
+			return
+		case runs > maxRuns:
+			g.rollback(tx) // the claim with it: nothing is kept
+			g.unavailable(w, errors.New("the COMMIT got no answer, and rolled back, each time"))
+			return
+		case rec != nil:
+			g.opts.Logger.Printf("idempotency: the COMMIT got no answer and rolled back; running the handler again")
+		}
+		c.ticket = t
+		var lost bool
+		if rec, lost = g.runIn(w, r, next, tx, c); !lost {
+			return
+		}
+	}
+}
+
 // runOnce runs the handler once in a transaction of its own and ends that
 // transaction. It answers w, unless the COMMIT's answer was lost (lost):
 // then nothing is sent, and rec is what the handler answered.
 func (g *guard) runOnce(w http.ResponseWriter, r *http.Request, next http.Handler, c *claim) (rec *recorder, lost bool) {
+	tx, err := g.db.begin(r.Context())
+	if err != nil {
+		g.free(c)
+		g.unavailable(w, err)
+		return nil, false
+	}
+	return g.runIn(w, r, next, tx, c)
+}
+
+// runIn runs the handler in tx, then ends tx (settle).
+func (g *guard) runIn(w http.ResponseWriter, r *http.Request, next http.Handler, tx txn, c *claim) (rec *recorder, lost bool) {
 	var t *Ticket
 	if c != nil {
 		t = c.ticket
 		r.Body = io.NopCloser(bytes.NewReader(c.body)) // the handler may run again
 	}
-	tx, err := g.db.begin(r.Context())
-	if err != nil {
-		g.release(t)
-		g.unavailable(w, err)
-		return nil, false
-	}
 	defer func() {
 		if p := recover(); p != nil {
 			g.rollback(tx)
-			g.release(t)
+			g.free(c)
 			panic(p)
 		}
 	}()
@@ -342,20 +441,30 @@ func (g *guard) runOnce(w http.ResponseWriter, r *http.Request, next http.Handle
 	rec = newRecorder()
 	next.ServeHTTP(rec, r.WithContext(ctx))
 	rec.finish()
-	return rec, g.settle(w, tx, t, rec)
+	return rec, g.settle(w, r, tx, c, rec)
 }
 
 // settle ends the handler's transaction and sends the response: a 5xx rolls
 // back and is abandoned; otherwise complete and commit, or, when that fails,
-// 409 (the claim was lost) or 503. True, sending nothing, when the COMMIT's
-// answer was lost.
-func (g *guard) settle(w http.ResponseWriter, tx txn, t *Ticket, rec *recorder) (lost bool) {
+// 409 (the claim was lost) or 503. A response the handler did not produce by
+// finishing (the request's context ended: the client went away, or a
+// timeout outside the middleware answered) rolls back and is never stored.
+// True, sending nothing, when the COMMIT's answer was lost.
+func (g *guard) settle(w http.ResponseWriter, r *http.Request, tx txn, c *claim, rec *recorder) (lost bool) {
+	if r.Context().Err() != nil {
+		g.rollback(tx)
+		g.free(c)
+		g.opts.Logger.Printf("idempotency: the request ended before its handler did; its work was undone")
+		writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable,
+			"the request ended before its handler finished; nothing of it was kept", 1)
+		return false
+	}
 	if rec.status >= 500 {
-		g.abandon(tx, t, rec)
+		g.abandon(tx, c, rec)
 		rec.sendTo(w)
 		return false
 	}
-	err := g.commit(tx, t, rec)
+	err := g.commit(tx, c, rec)
 	switch {
 	case err == nil:
 		rec.sendTo(w)
@@ -365,7 +474,7 @@ func (g *guard) settle(w http.ResponseWriter, tx txn, t *Ticket, rec *recorder) 
 	case errors.Is(err, errCommitLost):
 		return true
 	default:
-		g.release(t)
+		g.free(c)
 		g.unavailable(w, err)
 	}
 	return false
@@ -375,20 +484,23 @@ func (g *guard) settle(w http.ResponseWriter, tx txn, t *Ticket, rec *recorder) 
 // server: whether the transaction committed is not known.
 var errCommitLost = errors.New("the COMMIT got no answer")
 
-// commit stores the response with complete (when claimed) and commits. A
-// failed complete rolls back (nothing committed, whatever the error); a
-// failed COMMIT is errCommitLost unless the server answered it.
-func (g *guard) commit(tx txn, t *Ticket, rec *recorder) error {
+// commit stores the response with complete (when claimed) and commits (on
+// pgx in one round trip). A failed complete rolls back (nothing committed,
+// whatever the error); a failure without an answer from the server is
+// errCommitLost: whether it committed is not known.
+func (g *guard) commit(tx txn, c *claim, rec *recorder) error {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
-	if t != nil {
-		if _, err := t.Complete(ctx, tx, rec.status, rec.body.Bytes(), g.storedHeader(rec)); err != nil {
-			tx.rollback(ctx)
-			return err
-		}
+	var done *completion
+	if c != nil {
+		done = &completion{c.ticket, rec.status, rec.body.Bytes(), g.storedHeader(rec)}
 	}
-	err := tx.commit(ctx)
-	if err != nil && SQLState(err) == "" && !errors.Is(err, pgx.ErrTxCommitRollback) {
+	err := tx.finish(ctx, done)
+	if err == nil {
+		return nil
+	}
+	tx.rollback(ctx)
+	if SQLState(err) == "" && !errors.Is(err, pgx.ErrTxCommitRollback) {
 		return fmt.Errorf("%w: %w", errCommitLost, err)
 	}
 	return err
@@ -409,20 +521,44 @@ func (g *guard) storedHeader(rec *recorder) http.Header {
 // hands its response to complete, which frees the key (or, with
 // idempotency.store_server_errors on, stores the response for replay).
 // When complete fails otherwise than by IK001 (54000: too large to store,
-// among others), release frees the key.
-func (g *guard) abandon(tx txn, t *Ticket, rec *recorder) {
+// among others), release frees the key. A 5xx the handler did not produce
+// by finishing (http.TimeoutHandler's, inside the middleware: a context it
+// used on the transaction ran out) is never stored: the key is freed.
+// With OneTransaction the claim rolled back too: it is made again, on its
+// own, for complete.
+func (g *guard) abandon(tx txn, c *claim, rec *recorder) {
+	cut := tx.cut()
 	g.rollback(tx)
-	if t == nil {
+	if c == nil {
+		return
+	}
+	if cut {
+		g.free(c)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
+	t := c.ticket
+	if g.opts.OneTransaction {
+		var err error
+		if t, err = g.claim(ctx, c.params); err != nil || t.Outcome != New {
+			return // nothing of ours is held
+		}
+	}
 	_, err := t.Complete(ctx, g.db, rec.status, rec.body.Bytes(), g.storedHeader(rec))
 	if err == nil || errors.Is(err, ErrClaimLost) {
 		return // ended, or a retry owns the key: nothing of ours to free
 	}
 	g.opts.Logger.Printf("idempotency: could not end the claim after a %d: %v", rec.status, err)
 	g.release(t)
+}
+
+// free frees the key of claim c so that a retry runs again; with
+// OneTransaction the rollback did (the claim was in the transaction).
+func (g *guard) free(c *claim) {
+	if c != nil && !g.opts.OneTransaction {
+		g.release(c.ticket)
+	}
 }
 
 // rollback undoes the handler's transaction.

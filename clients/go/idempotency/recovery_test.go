@@ -24,20 +24,20 @@ type lossy struct {
 	rollBack  bool             // a COMMIT whose answer is lost rolls back instead
 }
 
-// errRow is a row that fails to scan with its error.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
 // QueryRow runs the statement; the answer of a claim that loseClaim picks is lost.
 func (l *lossy) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if strings.Contains(sql, "idempotency.claim(") && l.loseClaim != nil && l.loseClaim(l.claims.Add(1)) {
+	if strings.Contains(sql, "idempotency.claim(") && l.loses() {
 		if _, err := l.store.Exec(ctx, sql, args...); err != nil {
 			return errRow{err}
 		}
 		return errRow{errLost}
 	}
 	return l.store.QueryRow(ctx, sql, args...)
+}
+
+// loses counts a claim and tells whether its answer is lost.
+func (l *lossy) loses() bool {
+	return l.loseClaim != nil && l.loseClaim(l.claims.Add(1))
 }
 
 // begin opens a transaction whose COMMIT's answer may be lost.
@@ -49,20 +49,34 @@ func (l *lossy) begin(ctx context.Context) (txn, error) {
 	return lossyTxn{tx, l}, nil
 }
 
+// beginClaim begins and claims; when the claim's answer is lost, so is the
+// connection, and the transaction rolls back with it.
+func (l *lossy) beginClaim(ctx context.Context, p ClaimParams) (txn, *Ticket, error) {
+	tx, t, err := l.store.beginClaim(ctx, p)
+	if err != nil || !l.loses() {
+		if tx != nil {
+			tx = lossyTxn{tx, l}
+		}
+		return tx, t, err
+	}
+	tx.rollback(ctx)
+	return nil, nil, errLost
+}
+
 type lossyTxn struct {
 	txn
 	l *lossy
 }
 
-// commit commits (or, with rollBack, rolls back) and loses the answer while
-// l.commits lasts.
-func (t lossyTxn) commit(ctx context.Context) error {
+// finish completes and commits (or, with rollBack, rolls back) and loses
+// the answer while l.commits lasts.
+func (t lossyTxn) finish(ctx context.Context, c *completion) error {
 	if t.l.commits.Add(-1) < 0 {
-		return t.txn.commit(ctx)
+		return t.txn.finish(ctx, c)
 	}
 	if t.l.rollBack {
 		t.txn.rollback(ctx)
-	} else if err := t.txn.commit(ctx); err != nil {
+	} else if err := t.txn.finish(ctx, c); err != nil {
 		return err
 	}
 	return errLost

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/http"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,39 +16,50 @@ import (
 type store interface {
 	Querier
 	begin(ctx context.Context) (txn, error)
+	// beginClaim begins a transaction and claims p in it.
+	beginClaim(ctx context.Context, p ClaimParams) (txn, *Ticket, error)
 }
 
 // txn is the handler's transaction.
 type txn interface {
-	Querier
-	commit(ctx context.Context) error
+	// finish runs complete (c, unless nil) and commits.
+	finish(ctx context.Context, c *completion) error
 	rollback(ctx context.Context) error
 	handle() any // what Tx or SQLTx hands the handler
+	cut() bool   // whether the deadline of a context the handler used on it passed
 }
 
-// pgxStore is a Pool (*pgxpool.Pool) as a store.
+// completion is what complete stores for a ticket.
+type completion struct {
+	ticket *Ticket
+	status int
+	body   []byte
+	header http.Header
+}
+
+// pgxStore is a Pool (*pgxpool.Pool) as a store: BEGIN travels with the
+// claim, and complete with COMMIT, each pair in one batch.
 type pgxStore struct{ Pool }
 
-// begin opens the handler's pgx transaction.
+// begin opens the handler's transaction on a connection of the pool.
 func (s pgxStore) begin(ctx context.Context) (txn, error) {
-	tx, err := s.Begin(ctx)
-	return pgxTxn{tx}, err
-}
-
-// pgxTxn is a pgx.Tx as a txn.
-type pgxTxn struct{ pgx.Tx }
-
-func (t pgxTxn) commit(ctx context.Context) error { return t.Commit(ctx) }
-
-// rollback rolls back; one that has already ended is no error.
-func (t pgxTxn) rollback(ctx context.Context) error {
-	if err := t.Rollback(ctx); !errors.Is(err, pgx.ErrTxClosed) {
-		return err
+	tx, _, err := beginTx(ctx, s.Pool, nil)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	return tx, nil
 }
 
-func (t pgxTxn) handle() any { return t.Tx }
+// beginClaim sends BEGIN and the claim in one batch.
+func (s pgxStore) beginClaim(ctx context.Context, p ClaimParams) (txn, *Ticket, error) {
+	tx, t, err := beginTx(ctx, s.Pool, &p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tx, t, nil
+}
+
+func (t *connTx) handle() any { return pgx.Tx(t) }
 
 // sqlStore is a *sql.DB (on pgx's stdlib driver) as a store.
 type sqlStore struct {
@@ -66,13 +78,36 @@ func (s sqlStore) begin(ctx context.Context) (txn, error) {
 	return sqlTxn{SQL(tx), tx}, nil
 }
 
+// beginClaim begins and claims in the transaction: two round trips, as
+// database/sql has no batches.
+func (s sqlStore) beginClaim(ctx context.Context, p ClaimParams) (txn, *Ticket, error) {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := Claim(ctx, tx.(sqlTxn), p)
+	if err != nil {
+		tx.rollback(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return tx, t, nil
+}
+
 // sqlTxn is a *sql.Tx as a txn.
 type sqlTxn struct {
 	Querier
 	tx *sql.Tx
 }
 
-func (t sqlTxn) commit(context.Context) error { return t.tx.Commit() }
+// finish runs complete, then COMMIT: database/sql sends each on its own.
+func (t sqlTxn) finish(ctx context.Context, c *completion) error {
+	if c != nil {
+		if _, err := c.ticket.Complete(ctx, t, c.status, c.body, c.header); err != nil {
+			return err
+		}
+	}
+	return t.tx.Commit()
+}
 
 // rollback rolls back; one that has already ended is no error.
 func (t sqlTxn) rollback(context.Context) error {
@@ -83,6 +118,9 @@ func (t sqlTxn) rollback(context.Context) error {
 }
 
 func (t sqlTxn) handle() any { return t.tx }
+
+// cut is false: the handler's contexts are not seen through database/sql.
+func (t sqlTxn) cut() bool { return false }
 
 // SQLQuerier is what SQL needs: *sql.DB, *sql.Conn and *sql.Tx all are one.
 type SQLQuerier interface {
