@@ -1,0 +1,174 @@
+package io.github.idempotency;
+
+import java.sql.Connection;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.time.Duration;
+import java.time.OffsetDateTime;
+import java.util.Optional;
+import java.util.UUID;
+import javax.sql.DataSource;
+
+/**
+ * The extension's SQL API over JDBC: {@link #claim}, then {@link ClaimResult.New#complete complete},
+ * {@link ClaimResult.New#release release}, {@link ClaimResult.New#extend extend} or
+ * {@link ClaimResult.New#checkpoint checkpoint} on the {@code New} it returns; {@link #lookup};
+ * {@link #fingerprint}.
+ *
+ * <p>Claim outside the business transaction (on a {@link DataSource}, or a connection in autocommit), so
+ * that the claim commits at once and a concurrent retry sees it; complete on the connection of the
+ * business transaction, so that the writes and the stored response commit together. The scope is always
+ * passed: pooled connections carry no state between requests.
+ */
+public final class Idempotency {
+	private Idempotency() {
+	}
+
+	/**
+	 * Claims {@code req.key()} for the request {@code req.fingerprint()} identifies: the one call that
+	 * decides whether to run a request. One round trip; it commits with the connection's transaction
+	 * (at once in autocommit).
+	 *
+	 * @param db the connection
+	 * @param req the claim's arguments
+	 * @return the outcome, with what it carries
+	 * @throws SQLException {@link InvalidArgumentException} for a refused key or interval,
+	 *     {@link RetryableException} for 40001 and 55P03, the driver's error when the connection failed
+	 */
+	public static ClaimResult claim(Connection db, ClaimRequest req) throws SQLException {
+		try (PreparedStatement st = db.prepareStatement(Sql.CLAIM)) {
+			st.setString(1, req.key());
+			Sql.setBytes(st, 2, req.fingerprint());
+			st.setString(3, req.scope());
+			st.setString(4, Sql.interval(req.lease()));
+			st.setString(5, Sql.interval(req.retention()));
+			st.setString(6, Sql.interval(req.waitFor()));
+			st.setString(7, req.token() == null ? null : req.token().toString());
+			try (ResultSet rs = st.executeQuery()) {
+				rs.next();
+				return Sql.readClaim(req, rs);
+			}
+		} catch (SQLException e) {
+			throw IdempotencyException.of("claim", e);
+		}
+	}
+
+	/**
+	 * Claims on a connection of {@code ds} of its own, committed before it returns (also when the pool
+	 * hands out connections with autocommit off), and given back to the pool at once.
+	 *
+	 * @param ds the data source
+	 * @param req the claim's arguments
+	 * @return the outcome
+	 * @throws SQLException as {@link #claim(Connection, ClaimRequest)}, or the pool's error
+	 */
+	public static ClaimResult claim(DataSource ds, ClaimRequest req) throws SQLException {
+		try (Connection c = ds.getConnection()) {
+			if (c.getAutoCommit()) {
+				return claim(c, req);
+			}
+			try {
+				ClaimResult r = claim(c, req);
+				c.commit();
+				return r;
+			} catch (SQLException | RuntimeException e) {
+				rollbackQuietly(c);
+				throw e;
+			}
+		}
+	}
+
+	/**
+	 * Reads the record of (scope, key) as a claim would see it, without its fence. It only reads: it
+	 * works in a read-only transaction and on a standby.
+	 *
+	 * @param db the connection
+	 * @param scope the scope ({@code ""}: unscoped)
+	 * @param key the key
+	 * @return the record; empty when it is absent or expired
+	 * @throws SQLException an error of the server or of the connection
+	 */
+	public static Optional<KeyRecord> lookup(Connection db, String scope, String key) throws SQLException {
+		try (PreparedStatement st = db.prepareStatement(Sql.LOOKUP)) {
+			st.setString(1, key);
+			st.setString(2, scope);
+			try (ResultSet rs = st.executeQuery()) {
+				if (!rs.next()) {
+					return Optional.empty();
+				}
+				long leaseMicros = rs.getLong("lease_us");
+				Duration lease = rs.wasNull() ? null : Duration.ofNanos(leaseMicros * 1000);
+				return Optional.of(new KeyRecord(rs.getString("scope"), rs.getString("key"),
+						rs.getBytes("fingerprint"), rs.getString("state"), rs.getInt("attempt"), lease,
+						rs.getObject("lease_expires_at", OffsetDateTime.class), rs.getString("recovery_point"),
+						rs.getString("recovery_state"), rs.getObject("status_code", Integer.class),
+						Sql.headerLines(rs.getArray("header_lines")), rs.getBytes("body"),
+						rs.getObject("created_at", OffsetDateTime.class),
+						rs.getObject("completed_at", OffsetDateTime.class),
+						rs.getObject("expires_at", OffsetDateTime.class)));
+			}
+		} catch (SQLException e) {
+			throw IdempotencyException.of("lookup", e);
+		}
+	}
+
+	/**
+	 * {@code idempotency.fingerprint(method, path, body, query)} computed by the database; {@link
+	 * Fingerprint#of} computes the same bytes without a round trip.
+	 *
+	 * @param db the connection
+	 * @param method the HTTP method
+	 * @param path the path, without the query
+	 * @param body the body, null for none
+	 * @param query the query, null for none
+	 * @return 32 bytes
+	 * @throws SQLException an error of the server or of the connection
+	 */
+	public static byte[] fingerprint(Connection db, String method, String path, byte[] body, String query)
+			throws SQLException {
+		try (PreparedStatement st = db.prepareStatement("SELECT idempotency.fingerprint(?, ?, ?, ?)")) {
+			st.setString(1, method);
+			st.setString(2, path);
+			Sql.setBytes(st, 3, body);
+			st.setString(4, query);
+			try (ResultSet rs = st.executeQuery()) {
+				rs.next();
+				return rs.getBytes(1);
+			}
+		} catch (SQLException e) {
+			throw IdempotencyException.of("fingerprint", e);
+		}
+	}
+
+	/**
+	 * A new claim token, a random UUID (version 4): one per incoming request, given to each of its claims.
+	 *
+	 * @return the token
+	 */
+	public static UUID newToken() {
+		return UUID.randomUUID();
+	}
+
+	/**
+	 * Whether {@code e} means that the answer was lost rather than given: no SQLSTATE, a connection
+	 * exception (class 08) or a shutdown (57P01, 57P02, 57P03). An error the server answered with is not
+	 * one: it is an answer.
+	 *
+	 * @param e the error
+	 * @return true when the connection failed
+	 */
+	public static boolean isConnectionLost(SQLException e) {
+		String state = e.getSQLState();
+		return state == null || state.startsWith("08") || state.startsWith("57P0");
+	}
+
+	/** Rolls c back, ignoring an error: the caller reports its own. */
+	static void rollbackQuietly(Connection c) {
+		try {
+			c.rollback();
+		} catch (SQLException ignored) {
+			// the connection is gone: nothing committed
+		}
+	}
+}

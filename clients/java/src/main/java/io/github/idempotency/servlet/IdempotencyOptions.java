@@ -1,0 +1,176 @@
+package io.github.idempotency.servlet;
+
+import jakarta.servlet.http.HttpServletRequest;
+import java.time.Duration;
+import java.util.List;
+import java.util.Objects;
+import java.util.function.Function;
+
+/** How {@link IdempotencyFilter} behaves; the defaults follow the HTTP contract. */
+public final class IdempotencyOptions {
+	private List<String> methods = List.of("POST", "PATCH");
+	private boolean keyOptional;
+	private boolean failOpen;
+	private Duration lease;
+	private Duration retention;
+	private List<String> storeHeaders = List.of("Content-Type", "Location");
+	private int maxBodyBytes = 1 << 20;
+	private Function<HttpServletRequest, String> scope = IdempotencyFilter::callerScope;
+	private int claimTries = 4;
+	private Duration retryDelay = Duration.ofMillis(50);
+
+	/** @return the methods that take a key (default POST, PATCH) */
+	public List<String> methods() {
+		return methods;
+	}
+
+	/**
+	 * @param methods the methods that take a key
+	 * @return this
+	 */
+	public IdempotencyOptions methods(List<String> methods) {
+		this.methods = List.copyOf(methods);
+		return this;
+	}
+
+	/** @return whether a request without a key runs unguarded instead of answering 400 */
+	public boolean keyOptional() {
+		return keyOptional;
+	}
+
+	/**
+	 * @param keyOptional run a request without a key unguarded (default false: 400)
+	 * @return this
+	 */
+	public IdempotencyOptions keyOptional(boolean keyOptional) {
+		this.keyOptional = keyOptional;
+		return this;
+	}
+
+	/** @return whether a failed claim runs the handler unguarded instead of answering 503 */
+	public boolean failOpen() {
+		return failOpen;
+	}
+
+	/**
+	 * @param failOpen run the handler unguarded when the claim fails (default false: 503)
+	 * @return this
+	 */
+	public IdempotencyOptions failOpen(boolean failOpen) {
+		this.failOpen = failOpen;
+		return this;
+	}
+
+	/** @return the lease, null for {@code idempotency.lease} */
+	public Duration lease() {
+		return lease;
+	}
+
+	/**
+	 * @param lease longer than the slowest handler; null: {@code idempotency.lease} (60 s)
+	 * @return this
+	 */
+	public IdempotencyOptions lease(Duration lease) {
+		this.lease = positive(lease, "lease");
+		return this;
+	}
+
+	/** @return the retention, null for {@code idempotency.retention} */
+	public Duration retention() {
+		return retention;
+	}
+
+	/**
+	 * @param retention how long answers are replayed; null: {@code idempotency.retention} (24 h)
+	 * @return this
+	 */
+	public IdempotencyOptions retention(Duration retention) {
+		this.retention = positive(retention, "retention");
+		return this;
+	}
+
+	/** @return the response headers a replay repeats */
+	public List<String> storeHeaders() {
+		return storeHeaders;
+	}
+
+	/**
+	 * @param storeHeaders the response headers a replay repeats (default Content-Type, Location)
+	 * @return this
+	 */
+	public IdempotencyOptions storeHeaders(List<String> storeHeaders) {
+		this.storeHeaders = List.copyOf(storeHeaders);
+		return this;
+	}
+
+	/** @return the largest request body read, in bytes */
+	public int maxBodyBytes() {
+		return maxBodyBytes;
+	}
+
+	/**
+	 * @param maxBodyBytes the largest request body (default 1 MiB); a larger one is answered 413
+	 * @return this
+	 */
+	public IdempotencyOptions maxBodyBytes(int maxBodyBytes) {
+		if (maxBodyBytes < 0) {
+			throw new IllegalArgumentException("maxBodyBytes must not be negative");
+		}
+		this.maxBodyBytes = maxBodyBytes;
+		return this;
+	}
+
+	/** @return whose keys a request's are */
+	public Function<HttpServletRequest, String> scope() {
+		return scope;
+	}
+
+	/**
+	 * @param scope whose keys: your tenant or account id if you have one (default
+	 *     {@link IdempotencyFilter#callerScope})
+	 * @return this
+	 */
+	public IdempotencyOptions scope(Function<HttpServletRequest, String> scope) {
+		this.scope = Objects.requireNonNull(scope, "scope");
+		return this;
+	}
+
+	/** @return how many times a claim without an answer is asked in all */
+	public int claimTries() {
+		return claimTries;
+	}
+
+	/**
+	 * @param claimTries how many times a claim without an answer is asked in all (default 4)
+	 * @return this
+	 */
+	public IdempotencyOptions claimTries(int claimTries) {
+		if (claimTries < 1) {
+			throw new IllegalArgumentException("claimTries must be at least 1");
+		}
+		this.claimTries = claimTries;
+		return this;
+	}
+
+	/** @return the first wait before a claim is asked again (doubled each time) */
+	public Duration retryDelay() {
+		return retryDelay;
+	}
+
+	/**
+	 * @param retryDelay the first wait before a claim is asked again, doubled each time (default 50 ms)
+	 * @return this
+	 */
+	public IdempotencyOptions retryDelay(Duration retryDelay) {
+		this.retryDelay = Objects.requireNonNull(retryDelay, "retryDelay");
+		return this;
+	}
+
+	/** d, refused when zero or negative. */
+	private static Duration positive(Duration d, String name) {
+		if (d != null && (d.isZero() || d.isNegative())) {
+			throw new IllegalArgumentException(name + " must be positive");
+		}
+		return d;
+	}
+}
