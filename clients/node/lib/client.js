@@ -10,6 +10,13 @@ const CLAIM = `SELECT outcome, fence, attempt, status_code, headers, body, recov
        recovery_state, retry_after, created_at
   FROM idempotency.claim($1, $2, scope => $3, lease => $4::interval,
                          retention => $5::interval, wait => $6::interval, token => $7::uuid)`;
+// The same, with the record's expires_at when the answer is a replay (for a cache of replays).
+const CLAIM_WITH_EXPIRY = `SELECT c.outcome, c.fence, c.attempt, c.status_code, c.headers, c.body, c.recovery_point,
+       c.recovery_state, c.retry_after, c.created_at,
+       CASE WHEN c.outcome OPERATOR(pg_catalog.=) 'replay'
+            THEN (SELECT l.expires_at FROM idempotency.lookup($1, $3) AS l) END AS expires_at
+  FROM idempotency.claim($1, $2, scope => $3, lease => $4::interval,
+                         retention => $5::interval, wait => $6::interval, token => $7::uuid) AS c`;
 const COMPLETE = 'SELECT idempotency.complete($1, $2, $3, $4, $5::jsonb, $6) AS result';
 // The same, keeping a 5xx response for this call (idempotency.store_server_errors on
 // until the end of its transaction).
@@ -75,15 +82,17 @@ class IdempotencyClient {
   // Claims a key: { outcome: 'new' | 'replay' | 'in_progress' | 'mismatch', ... }.
   // options.token (a UUID) names this attempt: asked again with the same
   // token, a claim whose answer was lost answers new again (extension 1.2).
+  // options.expiry: a replay also says when the record expires (expiresAt).
   async claim(key, fp, options = {}) {
     const o = { ...this.defaults, ...options };
-    const { rows } = await (o.db ?? this.db).query(CLAIM, [key, bytes(fp), o.scope,
+    const { rows } = await (o.db ?? this.db).query(o.expiry ? CLAIM_WITH_EXPIRY : CLAIM, [key, bytes(fp), o.scope,
       interval(o.lease), interval(o.retention), interval(o.wait), o.token ?? null]);
     const r = rows[0];
     return {
       outcome: r.outcome, fence: r.fence, attempt: r.attempt, statusCode: r.status_code,
       headers: r.headers, body: r.body, recoveryPoint: r.recovery_point,
       recoveryState: r.recovery_state, retryAfter: r.retry_after, createdAt: r.created_at,
+      ...(o.expiry ? { expiresAt: r.expires_at } : {}),
     };
   }
 
@@ -139,4 +148,4 @@ class IdempotencyClient {
 
 IdempotencyClient.fingerprint = fingerprint;
 
-module.exports = { IdempotencyClient, ClaimLostError };
+module.exports = { IdempotencyClient, ClaimLostError, interval };

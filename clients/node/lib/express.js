@@ -1,15 +1,19 @@
 'use strict';
 // Express middleware for Idempotency-Key (docs/http-contract.md of the
 // idempotency extension): for the methods it covers it reads the body,
-// claims the key on its own (committed at once, so that a concurrent retry
-// sees it), runs the handler in a transaction given as req.db, and stores
-// the response with idempotency.complete() in that same transaction, so the
-// business writes and the stored response commit together or not at all.
+// claims the key, runs the handler in a transaction given as req.db, and
+// stores the response with idempotency.complete() in that same transaction,
+// so the business writes and the stored response commit together or not at
+// all. By default the claim commits on its own first (a concurrent retry
+// sees it at once, a crashed request's key is taken over when its lease
+// ends); with oneTransaction the claim is in the handler's transaction too.
+// Statements that can travel together do (pipelined, pg 8.23 or later).
 
 const crypto = require('node:crypto');
 const { fingerprint } = require('./fingerprint');
 const { parseIdempotencyKey } = require('./key');
-const { IdempotencyClient, ClaimLostError } = require('./client');
+const { IdempotencyClient, ClaimLostError, interval } = require('./client');
+const { ReplayCache } = require('./replay-cache');
 
 const DEFAULTS = {
   methods: ['POST', 'PATCH'], // the methods that take a key
@@ -24,7 +28,22 @@ const DEFAULTS = {
   log: (message) => console.error(`pg-idempotency: ${message}`),
   retries: 3, // how many times a claim whose answer was lost is asked again, then 503
   retryDelay: 50, // milliseconds before the first ask again, doubled each time
+  oneTransaction: false, // true: the claim, the handler's writes and complete in one transaction
+  wait: undefined, // how long a concurrent duplicate waits for the first (one transaction: 2 s)
+  cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
 };
+
+// How long, by default, a duplicate of a request running in one transaction waits for it.
+const ONE_TRANSACTION_WAIT = '2 seconds';
+
+// One transaction, after a 5xx rolled the claim back with everything else:
+// keeps the 5xx for replay only when idempotency.store_server_errors is on
+// (a one-time filter: otherwise the claim is not even called), by claiming
+// the key again and completing it in one statement.
+const KEEP_SERVER_ERROR = `SELECT idempotency.complete($1, c.fence, $3, $4, $5::jsonb, $6) AS result
+  FROM idempotency.claim($1, $2, scope => $6, lease => $7::interval, retention => $8::interval) AS c
+ WHERE pg_catalog.current_setting('idempotency.store_server_errors')::boolean
+   AND c.outcome OPERATOR(pg_catalog.=) 'new'`;
 
 // The detail of a 503 after a lost COMMIT whose outcome the database could not tell.
 const UNKNOWN = 'The connection to the database was lost while this request was committed; ' +
@@ -145,12 +164,76 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
+// Runs calls, each of which sends one statement on db, so that they travel
+// together when the client pipelines (pg 8.23 or later: one round trip for
+// all), else one after another; resolves to their outcomes as
+// Promise.allSettled does. Pipelined or not, every statement is sent, as
+// the server would run it after a failed one: a COMMIT after a failed
+// complete rolls back.
+async function together(db, calls) {
+  if (typeof db.pipeline !== 'boolean') {
+    const outcomes = [];
+    for (const call of calls) {
+      try {
+        outcomes.push({ status: 'fulfilled', value: await call() });
+      } catch (reason) {
+        outcomes.push({ status: 'rejected', reason });
+      }
+    }
+    return outcomes;
+  }
+  const was = db.pipeline;
+  db.pipeline = true; // until every answer is in: pg reads the answers of what it sent in pipeline mode
+  try {
+    return await Promise.allSettled(calls.map((call) => call()));
+  } finally {
+    db.pipeline = was;
+  }
+}
+
+// Returns the values of outcomes, or throws the first failure among them.
+function valuesOf(outcomes) {
+  const failed = outcomes.find((o) => o.status === 'rejected');
+  if (failed) throw failed.reason;
+  return outcomes.map((o) => o.value);
+}
+
+// Returns req.db: the connection db while the request's transaction lasts;
+// afterwards (a timeout answered, the connection went back to the pool) its
+// queries fail instead of running in whatever transaction the connection
+// is in by then.
+function transactionHandle(db) {
+  const handle = { open: true };
+  const query = (...args) => {
+    if (handle.open) return db.query(...args);
+    const err = new Error('pg-idempotency: this request\'s transaction has ended ' +
+      '(its response was sent, or a timeout answered it); the query was not run');
+    const callback = args.find((a) => typeof a === 'function');
+    if (callback) return void process.nextTick(callback, err);
+    return Promise.reject(err);
+  };
+  handle.db = new Proxy(db, {
+    get(target, name) {
+      if (name === 'query') return query;
+      if (name === 'release') return undefined; // the middleware gives the connection back
+      const value = Reflect.get(target, name, target);
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+  return handle;
+}
+
 // Returns the Express middleware; pool is a pg.Pool on the database of the business data.
 function idempotency(pool, options = {}) {
   if (!pool || typeof pool.connect !== 'function') throw new TypeError('idempotency() needs a pg.Pool');
   const opts = { ...DEFAULTS, ...options };
   const methods = new Set(opts.methods.map((m) => m.toUpperCase()));
   const client = new IdempotencyClient(pool, { lease: opts.lease, retention: opts.retention });
+  const wait = opts.wait ?? (opts.oneTransaction ? ONE_TRANSACTION_WAIT : null);
+  if (opts.oneTransaction && !(typeof wait === 'number' ? wait > 0 : /[1-9]/.test(String(wait))))
+    throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
+      '(a duplicate would otherwise wait for the first without a bound)');
+  const cache = opts.cache ? new ReplayCache(opts.cache === true ? {} : opts.cache) : null;
   // pg emits 'error' on the pool when an idle connection drops: without a
   // listener that would end the process. Logged unless the application listens too.
   pool.on('error', (err) => {
@@ -182,21 +265,57 @@ function idempotency(pool, options = {}) {
     db.release();
   }
 
+  // Ends the transaction db is in, if any (a pipelined COMMIT after a failed
+  // statement has ended it already), and gives the connection back.
+  async function rollbackAndCheckin(db) {
+    if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I')
+      return checkin(db);
+    try {
+      await db.query('ROLLBACK');
+      checkin(db);
+    } catch (err) {
+      checkin(db, err);
+    }
+  }
+
+  // Sends one claim of c on db, with the BEGIN of the handler's transaction:
+  // one transaction: BEGIN, then the claim in it; two: the claim on its
+  // own, then BEGIN (pipelined: both at once, and a claim that is not new
+  // rolls the empty transaction back; otherwise BEGIN only after new).
+  // Resolves to { claim, open } (open: db is in a transaction).
+  async function claimOn(db, c) {
+    const claim = () => client.claim(c.key, c.fp,
+      { db, scope: c.scope, token: c.token, wait, expiry: cache !== null });
+    const begin = () => db.query('BEGIN');
+    if (opts.oneTransaction) {
+      const [, got] = valuesOf(await together(db, [begin, claim]));
+      return { claim: got, open: true };
+    }
+    if (typeof db.pipeline === 'boolean') {
+      const [got] = valuesOf(await together(db, [claim, begin]));
+      return { claim: got, open: true };
+    }
+    const got = await claim();
+    if (got.outcome === 'new') await begin();
+    return { claim: got, open: got.outcome === 'new' };
+  }
+
   // Claims on a fresh connection, asking again with the same token (at most
   // opts.retries times) while the answer is lost: a claim that committed
-  // unheard answers new again. Resolves to { claim, db }; when new, db is
-  // in the transaction the handler gets.
+  // unheard answers new again. Resolves to { claim, db, open }; when new,
+  // db is in the transaction the handler gets.
   async function claimRecovering(c) {
     for (let attempt = 0; ; attempt++) {
       if (attempt > 0) await sleep(opts.retryDelay * 2 ** (attempt - 1));
       let db = null;
       try {
         db = await checkout();
-        const claim = await client.claim(c.key, c.fp, { db, scope: c.scope, token: c.token });
-        if (claim.outcome === 'new') await db.query('BEGIN');
-        return { claim, db };
+        return { db, ...await claimOn(db, c) };
       } catch (err) {
-        if (db) checkin(db, err);
+        if (db) {
+          if (connectionLost(err)) checkin(db, err);
+          else await rollbackAndCheckin(db);
+        }
         if (!connectionLost(err) || attempt >= opts.retries) throw err;
         opts.log(`the claim's answer was lost (${err.message}); asking again`);
       }
@@ -219,6 +338,8 @@ function idempotency(pool, options = {}) {
       key, scope: opts.scope(req), token: crypto.randomUUID(), reruns: 0,
       fp: fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query),
     };
+    const remembered = cache?.get(c.scope, c.key, c.fp);
+    if (remembered) return answer(res, remembered);
     let got;
     try {
       got = await claimRecovering(c);
@@ -229,8 +350,9 @@ function idempotency(pool, options = {}) {
       return runHandler(req, res, next);
     }
     if (got.claim.outcome !== 'new') {
-      checkin(got.db);
-      return answer(res, got.claim);
+      if (got.claim.outcome === 'replay') cache?.set(c.scope, c.key, c.fp, got.claim);
+      answer(res, got.claim); // the answer goes out first; the empty transaction ends after
+      return got.open ? rollbackAndCheckin(got.db) : checkin(got.db);
     }
     c.fence = got.claim.fence;
     return handOver(req, res, next, c, got.db, next);
@@ -252,31 +374,41 @@ function idempotency(pool, options = {}) {
   // Gives the handler its transaction (req.db), runs it by dispatch(), and
   // holds its response until it is committed.
   function handOver(req, res, next, c, db, dispatch) {
-    req.db = db;
-    holdResponse(res, (body) => finish(req, res, next, c, db, body));
+    const handle = transactionHandle(db);
+    req.db = handle.db;
+    holdResponse(res, (body) => {
+      handle.open = false; // what the handler sends after this is not part of the request
+      return finish(req, res, next, c, db, body);
+    });
     dispatch();
   }
 
-  // Ends the handler's transaction: complete and commit, or (5xx) roll back
-  // and abandon. Resolves to true when the handler's response is the one to send.
+  // Ends the handler's transaction: complete and commit, or (5xx, or an
+  // answer the handler did not give: a timeout's) roll back and abandon.
+  // Resolves to true when the handler's response is the one to send.
   async function finish(req, res, next, c, db, body) {
-    if (res.statusCode >= 500) return abandon(db, c, res, body);
+    if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
     try {
-      if (c)
-        await client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db, scope: c.scope });
-      await db.query('COMMIT');
+      if (c) {
+        valuesOf(await together(db, [
+          () => client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db, scope: c.scope }),
+          () => db.query('COMMIT'),
+        ]));
+      } else {
+        await db.query('COMMIT');
+      }
       checkin(db);
       return true;
     } catch (err) {
       if (connectionLost(err)) {
         checkin(db, err);
-        if (c) return recover(req, res, next, c);
+        if (c) return recover(req, res, next, c, body);
         return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
       }
-      await db.query('ROLLBACK').catch(() => {});
-      checkin(db);
+      await rollbackAndCheckin(db);
       if (err.code === 'IK001') return claimLost(res);
-      if (c) await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
+      if (c && !opts.oneTransaction) // one transaction: the claim rolled back with the rest
+        await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
       opts.log(`could not store the response: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The response could not be stored; nothing was kept. Retry later.', { 'Retry-After': '1' });
@@ -284,9 +416,11 @@ function idempotency(pool, options = {}) {
   }
 
   // The connection was lost before the COMMIT's answer came: claims with the
-  // same token to learn what happened. replay: it committed, the handler's
-  // response is the stored one; new: it rolled back, so the handler runs again.
-  async function recover(req, res, next, c) {
+  // same token to learn what happened. replay: it committed (the stored
+  // response is the handler's), or, in one transaction, a duplicate's
+  // committed after ours rolled back (its response goes out, as a replay);
+  // new: it rolled back, so the handler runs again.
+  async function recover(req, res, next, c, body) {
     let got;
     try {
       got = await claimRecovering(c);
@@ -294,20 +428,23 @@ function idempotency(pool, options = {}) {
       opts.log(`the COMMIT's answer was lost and the database cannot tell: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
-    const { claim, db } = got;
+    const { claim, db, open } = got;
+    if (claim.outcome !== 'new') {
+      if (open) await rollbackAndCheckin(db);
+      else checkin(db);
+    }
     if (claim.outcome === 'replay') {
-      checkin(db);
-      return true;
+      if (claim.statusCode === res.statusCode && claim.body !== null && body.equals(claim.body)) return true;
+      return replaceWith(res, () => answer(res, claim));
     }
     if (claim.outcome !== 'new') { // in_progress: the lease ended meanwhile and a retry took the key over
-      checkin(db);
       return claim.outcome === 'in_progress' ? claimLost(res)
         : replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
-    c.fence = claim.fence; // the same, unless our lease had ended (a takeover)
+    c.fence = claim.fence; // the same, unless our lease had ended (a takeover) or, one transaction, it rolled back
     if (res.headersSent || !req.route || c.reruns >= opts.retries) {
       await db.query('ROLLBACK').catch(() => {});
-      await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
+      if (!opts.oneTransaction) await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
       checkin(db);
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The connection to the database was lost; nothing of this request was kept. Retry later.',
@@ -322,33 +459,48 @@ function idempotency(pool, options = {}) {
     return false; // the run again sends its own response
   }
 
-  // Rolls back a 5xx handler's writes, then hands its response to complete,
+  // Rolls back the writes of a 5xx handler (or of one a timeout answered
+  // for), then ends the claim: two transactions: complete with the 5xx,
   // which releases the key (or, with idempotency.store_server_errors on,
-  // stores the response for replay); the handler's 5xx goes out either way.
-  // When the connection is lost, the transaction is gone with it: complete
-  // goes through the pool.
-  async function abandon(db, c, res, body) {
-    try {
-      await db.query('ROLLBACK');
-    } catch (err) {
-      checkin(db, err);
-      db = null;
-    }
-    let broken;
-    if (c) {
-      const on = db ?? pool;
+  // stores the response for replay); one transaction: the claim rolled
+  // back with the rest, and the 5xx is kept only with that setting on. An
+  // answer the handler did not give by finishing (req.timedout) is never
+  // stored: the key is released. The answer goes out either way. When the
+  // connection is lost, the transaction is gone with it: what is left goes
+  // through the pool.
+  async function abandon(req, db, c, res, body) {
+    const timedOut = Boolean(req.timedout);
+    const end = (on) => {
+      if (!c) return null;
+      if (timedOut) return opts.oneTransaction ? null : client.release(c.key, c.fence, { db: on, scope: c.scope });
+      if (opts.oneTransaction) return keepServerError(on, c, res, body);
+      return client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
+    };
+    const [rolledBack, ended] = await together(db, [() => db.query('ROLLBACK'), () => end(db)]);
+    let broken = rolledBack.status === 'rejected' ? rolledBack.reason : undefined;
+    let failure = ended.status === 'rejected' ? ended.reason : undefined;
+    if (broken && connectionLost(broken) && failure && connectionLost(failure)) {
       try {
-        await client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
+        await end(pool); // the connection went with the transaction
+        failure = undefined;
       } catch (err) {
-        if (err.code !== 'IK001') { // IK001: a retry owns the key, nothing of ours to free
-          opts.log(`could not end the claim after a ${res.statusCode}: ${err.message}`);
-          if (!connectionLost(err)) await client.release(c.key, c.fence, { db: on, scope: c.scope }).catch(() => {});
-          else broken = err; // the key frees itself when its lease ends
-        }
+        failure = err;
       }
     }
-    if (db) checkin(db, broken);
+    if (failure && failure.code !== 'IK001') { // IK001: a retry owns the key, nothing of ours to free
+      opts.log(`could not end the claim after a ${res.statusCode}: ${failure.message}`);
+      if (!connectionLost(failure) && c && !opts.oneTransaction)
+        await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
+      else if (!broken) broken = failure; // the key frees itself when its lease ends
+    }
+    checkin(db, broken);
     return true;
+  }
+
+  // One transaction, after a 5xx: stores it for replay when idempotency.store_server_errors is on.
+  function keepServerError(on, c, res, body) {
+    return on.query(KEEP_SERVER_ERROR, [c.key, c.fp, res.statusCode, body, JSON.stringify(headersToStore(res)),
+      c.scope, interval(opts.lease), interval(opts.retention)]);
   }
 
   // Answers 409: the lease ended and a retry took the key over; the handler's writes rolled back.
@@ -401,15 +553,20 @@ function idempotency(pool, options = {}) {
       'The idempotency store cannot be reached; nothing ran. Retry later.', { 'Retry-After': '1' });
   }
 
-  // Replaces the handler's response with a problem; resolves to false (do not send it).
-  function replaceResponse(res, status, code, detail, headers) {
+  // Replaces the handler's response with what send() sends; resolves to false (do not send the handler's).
+  function replaceWith(res, send) {
     if (res.headersSent) {
       res.destroy(); // too late to change: the client sees a failure and retries
       return false;
     }
     for (const name of res.getHeaderNames()) res.removeHeader(name);
-    problem(res, status, code, detail, headers);
+    send();
     return false;
+  }
+
+  // Replaces the handler's response with a problem.
+  function replaceResponse(res, status, code, detail, headers) {
+    return replaceWith(res, () => problem(res, status, code, detail, headers));
   }
 
   // Sends an RFC 9457 problem (application/problem+json) with its code.
