@@ -12,7 +12,9 @@
 const crypto = require('node:crypto');
 const { fingerprint } = require('./fingerprint');
 const { parseIdempotencyKey } = require('./key');
-const { IdempotencyClient, ClaimLostError, interval } = require('./client');
+const {
+  IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
+} = require('./client');
 const { ReplayCache } = require('./replay-cache');
 
 const DEFAULTS = {
@@ -30,6 +32,7 @@ const DEFAULTS = {
   retryDelay: 50, // milliseconds before the first ask again, doubled each time
   oneTransaction: false, // true: the claim, the handler's writes and complete in one transaction
   wait: undefined, // how long a concurrent duplicate waits for the first (one transaction: 2 s)
+  runAhead: true, // one transaction, pg 8.23+: run the handler while the claim's answer is on its way
   cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
 };
 
@@ -234,6 +237,7 @@ function idempotency(pool, options = {}) {
     throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
       '(a duplicate would otherwise wait for the first without a bound)');
   const cache = opts.cache ? new ReplayCache(opts.cache === true ? {} : opts.cache) : null;
+  const pipelinedBefore = new WeakMap(); // a connection running ahead => its pipeline setting before
   // pg emits 'error' on the pool when an idle connection drops: without a
   // listener that would end the process. Logged unless the application listens too.
   pool.on('error', (err) => {
@@ -260,6 +264,10 @@ function idempotency(pool, options = {}) {
 
   // Gives a connection back, or discards it when err says it is lost.
   function checkin(db, err) {
+    if (pipelinedBefore.has(db)) {
+      db.pipeline = pipelinedBefore.get(db);
+      pipelinedBefore.delete(db);
+    }
     if (err && connectionLost(err)) return db.release(err); // still listening: it may emit again
     db.removeListener('error', onDropped);
     db.release();
@@ -278,19 +286,30 @@ function idempotency(pool, options = {}) {
     }
   }
 
+  // Returns the text of the claim of request c (its arguments as literals,
+  // so that it can share a simple query with BEGIN).
+  function claimSql(c) {
+    return claimText(c.key, c.fp, {
+      scope: c.scope, lease: opts.lease, retention: opts.retention, wait, token: c.token, expiry: cache !== null,
+    });
+  }
+
+  // Sends BEGIN and the claim of c on db as one simple query (one round
+  // trip); resolves to the claim.
+  function beginAndClaim(db, c) {
+    return db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0], cache !== null));
+  }
+
   // Sends one claim of c on db, with the BEGIN of the handler's transaction:
-  // one transaction: BEGIN, then the claim in it; two: the claim on its
-  // own, then BEGIN (pipelined: both at once, and a claim that is not new
-  // rolls the empty transaction back; otherwise BEGIN only after new).
+  // one transaction: BEGIN, then the claim in it, in one simple query; two:
+  // the claim on its own (it commits at once), then BEGIN: pipelined (pg
+  // 8.23 or later) both at once, and a claim that is not new rolls the
+  // empty transaction back; otherwise BEGIN only after new.
   // Resolves to { claim, open } (open: db is in a transaction).
   async function claimOn(db, c) {
-    const claim = () => client.claim(c.key, c.fp,
-      { db, scope: c.scope, token: c.token, wait, expiry: cache !== null });
+    if (opts.oneTransaction) return { claim: await beginAndClaim(db, c), open: true };
+    const claim = () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0], cache !== null));
     const begin = () => db.query('BEGIN');
-    if (opts.oneTransaction) {
-      const [, got] = valuesOf(await together(db, [begin, claim]));
-      return { claim: got, open: true };
-    }
     if (typeof db.pipeline === 'boolean') {
       const [got] = valuesOf(await together(db, [claim, begin]));
       return { claim: got, open: true };
@@ -301,11 +320,11 @@ function idempotency(pool, options = {}) {
   }
 
   // Claims on a fresh connection, asking again with the same token (at most
-  // opts.retries times) while the answer is lost: a claim that committed
-  // unheard answers new again. Resolves to { claim, db, open }; when new,
-  // db is in the transaction the handler gets.
-  async function claimRecovering(c) {
-    for (let attempt = 0; ; attempt++) {
+  // opts.retries times in all, counting from attempt) while the answer is
+  // lost: a claim that committed unheard answers new again. Resolves to
+  // { claim, db, open }; when new, db is in the transaction the handler gets.
+  async function claimRecovering(c, first = 0) {
+    for (let attempt = first; ; attempt++) {
       if (attempt > 0) await sleep(opts.retryDelay * 2 ** (attempt - 1));
       let db = null;
       try {
@@ -340,6 +359,11 @@ function idempotency(pool, options = {}) {
     };
     const remembered = cache?.get(c.scope, c.key, c.fp);
     if (remembered) return answer(res, remembered);
+    if (opts.oneTransaction && opts.runAhead && !opts.failOpen) {
+      const db = await checkout().catch(() => null); // none: claimRecovering tries again
+      if (db && typeof db.pipeline === 'boolean') return runAhead(req, res, next, c, db);
+      if (db) checkin(db);
+    }
     let got;
     try {
       got = await claimRecovering(c);
@@ -356,6 +380,49 @@ function idempotency(pool, options = {}) {
     }
     c.fence = got.claim.fence;
     return handOver(req, res, next, c, got.db, next);
+  }
+
+  // One transaction, when the client pipelines: sends BEGIN and the claim
+  // and runs the handler at once, its statements pipelined behind the
+  // claim, so that the claim costs no round trip of its own. Everything the
+  // handler does is in the claim's transaction: unless the claim answers
+  // new, it all rolls back and the claim's answer goes out instead (see
+  // settleClaim). Only for handlers whose effects are all in the database.
+  function runAhead(req, res, next, c, db) {
+    pipelinedBefore.set(db, db.pipeline);
+    db.pipeline = true; // for the whole request: the handler's statements follow the claim unanswered
+    c.pending = beginAndClaim(db, c);
+    c.pending.catch(() => {}); // awaited when the handler has answered
+    return handOver(req, res, next, c, db, next);
+  }
+
+  // After a handler that ran ahead of its claim answered: waits for the
+  // claim. Resolves to undefined when it is new (go on), else to what
+  // finish resolves to, the handler's transaction rolled back: the claim's
+  // answer (replay, 409, 422), 400 for a key the extension refuses, 503
+  // when it failed, or, when its answer was lost, what asking again says.
+  async function settleClaim(req, res, next, c, db, body) {
+    const pending = c.pending;
+    c.pending = null;
+    let claim;
+    try {
+      claim = await pending;
+    } catch (err) {
+      if (connectionLost(err)) {
+        checkin(db, err);
+        return recover(req, res, next, c, body, 1);
+      }
+      await rollbackAndCheckin(db);
+      if (err.code === '22023') return replaceWith(res, () => invalidKey(res));
+      return replaceWith(res, () => unavailable(res, err));
+    }
+    if (claim.outcome === 'new') {
+      c.fence = claim.fence;
+      return undefined;
+    }
+    await rollbackAndCheckin(db);
+    if (claim.outcome === 'replay') cache?.set(c.scope, c.key, c.fp, claim);
+    return replaceWith(res, () => answer(res, claim));
   }
 
   // Runs the handler unguarded, in a transaction (req.db).
@@ -387,16 +454,16 @@ function idempotency(pool, options = {}) {
   // answer the handler did not give: a timeout's) roll back and abandon.
   // Resolves to true when the handler's response is the one to send.
   async function finish(req, res, next, c, db, body) {
+    if (c?.pending) {
+      const settled = await settleClaim(req, res, next, c, db, body);
+      if (settled !== undefined) return settled;
+    }
     if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
     try {
-      if (c) {
-        valuesOf(await together(db, [
-          () => client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db, scope: c.scope }),
-          () => db.query('COMMIT'),
-        ]));
-      } else {
-        await db.query('COMMIT');
-      }
+      // complete and COMMIT in one simple query: one round trip; a complete
+      // that fails skips the COMMIT and leaves the transaction to roll back.
+      await db.query(c ? `${completeText(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`
+        : 'COMMIT');
       checkin(db);
       return true;
     } catch (err) {
@@ -420,10 +487,10 @@ function idempotency(pool, options = {}) {
   // response is the handler's), or, in one transaction, a duplicate's
   // committed after ours rolled back (its response goes out, as a replay);
   // new: it rolled back, so the handler runs again.
-  async function recover(req, res, next, c, body) {
+  async function recover(req, res, next, c, body, first = 0) {
     let got;
     try {
-      got = await claimRecovering(c);
+      got = await claimRecovering(c, first);
     } catch (err) {
       opts.log(`the COMMIT's answer was lost and the database cannot tell: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
