@@ -24,7 +24,10 @@ app.disable('x-powered-by');
 // Health: answers without touching the database.
 app.get('/', (req, res) => res.json({ status: 'ok' }));
 
-// After authentication (none here), before the routes it guards.
+// After authentication, before the routes it guards. With authentication,
+// pass the principal as the scope (scope: (req) => `account:${req.user.id}`):
+// a retry after a token refresh then still meets its first request. This
+// app has none, so the scope is the default, a hash of Authorization.
 app.use(idempotency(pool, {
   lease: process.env.IDEMPOTENCY_LEASE ?? '60 seconds',
   failOpen: process.env.IDEMPOTENCY_FAIL_OPEN === 'on',

@@ -10,13 +10,6 @@ const CLAIM = `SELECT outcome, fence, attempt, status_code, headers, body, recov
        recovery_state, retry_after, created_at
   FROM idempotency.claim($1, $2, scope => $3, lease => $4::interval,
                          retention => $5::interval, wait => $6::interval, token => $7::uuid)`;
-// The same, with the record's expires_at when the answer is a replay (for a cache of replays).
-const CLAIM_WITH_EXPIRY = `SELECT c.outcome, c.fence, c.attempt, c.status_code, c.headers, c.body, c.recovery_point,
-       c.recovery_state, c.retry_after, c.created_at,
-       CASE WHEN c.outcome OPERATOR(pg_catalog.=) 'replay'
-            THEN (SELECT l.expires_at FROM idempotency.lookup($1, $3) AS l) END AS expires_at
-  FROM idempotency.claim($1, $2, scope => $3, lease => $4::interval,
-                         retention => $5::interval, wait => $6::interval, token => $7::uuid) AS c`;
 const COMPLETE = 'SELECT idempotency.complete($1, $2, $3, $4, $5::jsonb, $6) AS result';
 // The same, keeping a 5xx response for this call (idempotency.store_server_errors on
 // until the end of its transaction).
@@ -53,12 +46,9 @@ function claimText(key, fp, o) {
   const args = `${literal(key)}, ${literal(bytes(fp), 'bytea')}, scope => ${literal(o.scope, 'text')}, ` +
     `lease => ${literal(interval(o.lease), 'interval')}, retention => ${literal(interval(o.retention), 'interval')}, ` +
     `wait => ${literal(interval(o.wait), 'interval')}, token => ${literal(o.token, 'uuid')}`;
-  const expiry = o.expiry ? `,
-       CASE WHEN c.outcome OPERATOR(pg_catalog.=) 'replay'
-            THEN (SELECT l.expires_at FROM idempotency.lookup(${literal(key)}, ${literal(o.scope, 'text')}) AS l) END AS expires_at` : '';
-  return `SELECT c.outcome, c.fence, c.attempt, c.status_code, c.headers, c.body, c.recovery_point,
-       c.recovery_state, c.retry_after, c.created_at${expiry}
-  FROM idempotency.claim(${args}) AS c`;
+  return `SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
+       recovery_state, retry_after, created_at
+  FROM idempotency.claim(${args})`;
 }
 
 // Returns the text of a complete whose arguments are literals.
@@ -70,12 +60,11 @@ function completeText(key, fence, statusCode, body, headers, scope) {
 }
 
 // Returns what claim() answers, from the row of a claim statement.
-function claimFromRow(r, expiry) {
+function claimFromRow(r) {
   return {
     outcome: r.outcome, fence: r.fence, attempt: r.attempt, statusCode: r.status_code,
     headers: r.headers, body: r.body, recoveryPoint: r.recovery_point,
     recoveryState: r.recovery_state, retryAfter: r.retry_after, createdAt: r.created_at,
-    ...(expiry ? { expiresAt: r.expires_at } : {}),
   };
 }
 
@@ -132,12 +121,11 @@ class IdempotencyClient {
   // Claims a key: { outcome: 'new' | 'replay' | 'in_progress' | 'mismatch', ... }.
   // options.token (a UUID) names this attempt: asked again with the same
   // token, a claim whose answer was lost answers new again (extension 1.2).
-  // options.expiry: a replay also says when the record expires (expiresAt).
   async claim(key, fp, options = {}) {
     const o = { ...this.defaults, ...options };
-    const { rows } = await (o.db ?? this.db).query(o.expiry ? CLAIM_WITH_EXPIRY : CLAIM, [key, bytes(fp), o.scope,
+    const { rows } = await (o.db ?? this.db).query(CLAIM, [key, bytes(fp), o.scope,
       interval(o.lease), interval(o.retention), interval(o.wait), o.token ?? null]);
-    return claimFromRow(rows[0], o.expiry);
+    return claimFromRow(rows[0]);
   }
 
   // Stores the response and ends the claim: 'stored', or 'released' for a 5xx

@@ -45,7 +45,7 @@ const ONE_TRANSACTION_WAIT = '2 seconds';
 // the key again and completing it in one statement.
 const KEEP_SERVER_ERROR = `SELECT idempotency.complete($1, c.fence, $3, $4, $5::jsonb, $6) AS result
   FROM idempotency.claim($1, $2, scope => $6, lease => $7::interval, retention => $8::interval) AS c
- WHERE pg_catalog.current_setting('idempotency.store_server_errors')::boolean
+ WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean
    AND c.outcome OPERATOR(pg_catalog.=) 'new'`;
 
 // The detail of a 503 after a lost COMMIT whose outcome the database could not tell.
@@ -290,14 +290,14 @@ function idempotency(pool, options = {}) {
   // so that it can share a simple query with BEGIN).
   function claimSql(c) {
     return claimText(c.key, c.fp, {
-      scope: c.scope, lease: opts.lease, retention: opts.retention, wait, token: c.token, expiry: cache !== null,
+      scope: c.scope, lease: opts.lease, retention: opts.retention, wait, token: c.token,
     });
   }
 
   // Sends BEGIN and the claim of c on db as one simple query (one round
   // trip); resolves to the claim.
   function beginAndClaim(db, c) {
-    return db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0], cache !== null));
+    return db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0]));
   }
 
   // Sends one claim of c on db, with the BEGIN of the handler's transaction:
@@ -308,7 +308,7 @@ function idempotency(pool, options = {}) {
   // Resolves to { claim, open } (open: db is in a transaction).
   async function claimOn(db, c) {
     if (opts.oneTransaction) return { claim: await beginAndClaim(db, c), open: true };
-    const claim = () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0], cache !== null));
+    const claim = () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0]));
     const begin = () => db.query('BEGIN');
     if (typeof db.pipeline === 'boolean') {
       const [got] = valuesOf(await together(db, [claim, begin]));
@@ -374,8 +374,8 @@ function idempotency(pool, options = {}) {
       return runHandler(req, res, next);
     }
     if (got.claim.outcome !== 'new') {
-      if (got.claim.outcome === 'replay') cache?.set(c.scope, c.key, c.fp, got.claim);
       answer(res, got.claim); // the answer goes out first; the empty transaction ends after
+      if (got.claim.outcome === 'replay') remember(c, got.claim);
       return got.open ? rollbackAndCheckin(got.db) : checkin(got.db);
     }
     c.fence = got.claim.fence;
@@ -421,8 +421,20 @@ function idempotency(pool, options = {}) {
       return undefined;
     }
     await rollbackAndCheckin(db);
-    if (claim.outcome === 'replay') cache?.set(c.scope, c.key, c.fp, claim);
+    if (claim.outcome === 'replay') remember(c, claim);
     return replaceWith(res, () => answer(res, claim));
+  }
+
+  // Keeps a replay read from the database in the cache, until its record
+  // expires: looks the record up (after the answer went out, off its path)
+  // for its expires_at, and keeps it only if it is the one replayed.
+  function remember(c, claim) {
+    if (!cache) return;
+    client.lookup(c.key, { scope: c.scope }).then((record) => {
+      if (record?.state === 'completed' && Buffer.from(c.fp).equals(record.fingerprint) &&
+          record.statusCode === claim.statusCode)
+        cache.set(c.scope, c.key, c.fp, { ...claim, expiresAt: record.expiresAt });
+    }, (err) => opts.log(`could not look a replay up to keep it: ${err.message}`));
   }
 
   // Runs the handler unguarded, in a transaction (req.db).
