@@ -361,6 +361,7 @@ function idempotency(pool, options = {}) {
     if (remembered) return answer(res, remembered);
     if (opts.oneTransaction && opts.runAhead && !opts.failOpen) {
       const db = await checkout().catch(() => null); // none: claimRecovering tries again
+      if (db && answeredMeanwhile(req, res)) return checkin(db);
       if (db && typeof db.pipeline === 'boolean') return runAhead(req, res, next, c, db);
       if (db) checkin(db);
     }
@@ -379,7 +380,18 @@ function idempotency(pool, options = {}) {
       return got.open ? rollbackAndCheckin(got.db) : checkin(got.db);
     }
     c.fence = got.claim.fence;
+    if (answeredMeanwhile(req, res)) { // the handler does not run: nothing to keep
+      await rollbackAndCheckin(got.db);
+      if (!opts.oneTransaction) await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
+      return undefined;
+    }
     return handOver(req, res, next, c, got.db, next);
+  }
+
+  // True when the request was answered while the middleware waited for the
+  // database (a timeout middleware's answer): its handler must not run.
+  function answeredMeanwhile(req, res) {
+    return Boolean(req.timedout) || res.headersSent || res.writableEnded;
   }
 
   // One transaction, when the client pipelines: sends BEGIN and the claim

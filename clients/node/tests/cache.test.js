@@ -35,6 +35,19 @@ function start(options) {
   return listen(app);
 }
 
+// Posts the same request until one is answered without taking a
+// connection (a replay is kept once the middleware looked it up, off the
+// answer's path), at most 50 times; resolves to that answer.
+async function untilFromMemory(url, key, body) {
+  for (let i = 0; i < 50; i++) {
+    const before = connects;
+    const res = await post(url, key, body);
+    if (connects === before) return res;
+    await sleep(50);
+  }
+  throw new Error('no answer came from memory');
+}
+
 // Posts body with key, as Bearer alice.
 function post(url, key, body) {
   return send(url, {
@@ -51,10 +64,8 @@ for (const oneTransaction of [false, true]) {
       const tag = unique('cached');
       const first = await post(app.url, key, { tag });
       await post(app.url, key, { tag }); // read from the database, kept (once looked up)
-      await sleep(200);
+      const again = await untilFromMemory(app.url, key, { tag });
       const before = connects;
-      const again = await post(app.url, key, { tag });
-      assert.equal(connects, before, 'no connection taken');
       assert.equal(again.status, 201);
       assert.equal(again.headers['idempotent-replayed'], 'true');
       assert.equal(again.headers['content-type'], first.headers['content-type']);
@@ -74,11 +85,11 @@ test('cache: false asks the database every time', async () => {
     const key = unique('k');
     const tag = unique('uncached');
     await post(app.url, key, { tag });
-    await post(app.url, key, { tag });
-    await sleep(200);
-    const before = connects;
-    assert.equal((await post(app.url, key, { tag })).headers['idempotent-replayed'], 'true');
-    assert.equal(connects, before + 1);
+    for (let i = 0; i < 3; i++) {
+      const before = connects;
+      assert.equal((await post(app.url, key, { tag })).headers['idempotent-replayed'], 'true');
+      assert.equal(connects, before + 1);
+    }
   } finally {
     await app.close();
   }

@@ -120,6 +120,33 @@ for (const mode of [{ name: 'two transactions', options: {} }, { name: 'one tran
       });
     });
 
+    test('a timeout that answers while the middleware waits for a connection: the handler never runs, nothing kept', () => {
+      let delayed = 1; // the first connection comes after the timeout
+      const slowPool = new Proxy(pool, {
+        get(target, name) {
+          if (name === 'connect') {
+            return async () => {
+              if (delayed-- > 0) await sleep(400);
+              return target.connect();
+            };
+          }
+          const value = Reflect.get(target, name, target);
+          return typeof value === 'function' ? value.bind(target) : value;
+        },
+      });
+      const app = express();
+      app.use(timeout('100ms'));
+      app.use(idempotency(slowPool, { log: () => {}, ...mode.options }));
+      app.post('/charges', chargeRoute);
+      app.use(errorHandler);
+      return withApp(app, async (url) => {
+        const key = unique('k');
+        const tag = unique('timeout-waiting');
+        const res = await post(url, key, { tag });
+        await assertTimedOutLeftNothing(url, res, 503, key, tag);
+      });
+    });
+
     test('a timeout answering 408 (setting req.timedout), inside: its writes rolled back, the 408 not stored', () => {
       const app = express();
       app.use(guard());
