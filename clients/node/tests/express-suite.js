@@ -14,7 +14,9 @@ module.exports = function expressSuite(mode) {
 const oneTransaction = Boolean(mode.oneTransaction);
 const pool = newPool();
 const idem = new IdempotencyClient(pool);
-const TABLE = 'pg_idempotency_test_charges';
+// Per mode: the two files run at the same time, in two processes.
+const suffix = oneTransaction ? '_one' : '';
+const TABLE = `pg_idempotency_test_charges${suffix}`;
 let server;
 // Tests of one mode only.
 const twoTransactionsOnly = oneTransaction ? () => {} : test;
@@ -297,7 +299,7 @@ test('the database down: 503 idempotency_unavailable with Retry-After; nothing r
 });
 
 test('idempotency calls failing (no USAGE on the schema): 503, or unguarded with failOpen', async () => {
-  const role = 'idempotency_test_node_no_usage';
+  const role = `idempotency_test_node_no_usage${suffix}`;
   await pool.query(`DO $$ BEGIN CREATE ROLE ${role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`);
   await pool.query(`GRANT SELECT, INSERT ON ${TABLE} TO ${role}`);
   const limited = newPool({ user: role });
