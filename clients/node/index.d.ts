@@ -141,6 +141,14 @@ export interface MiddlewareOptions {
   problemTypes?: Partial<Record<ProblemCode, string>>;
   /** Where failures are reported (default console.error). */
   log?: (message: string) => void;
+  /** The claim, the handler's writes and complete in one transaction (default false: the claim commits first). */
+  oneTransaction?: boolean;
+  /** How long a duplicate waits for the request it repeats (default none; with oneTransaction '2 seconds', and it must be positive). */
+  wait?: Interval | null;
+  /** With oneTransaction on pg 8.23 or later: run the handler while the claim's answer is on its way (default true). */
+  runAhead?: boolean;
+  /** Replays from memory (default true: 1000 responses, 8 MiB, none over 64 KiB). */
+  cache?: boolean | { max?: number; maxBytes?: number; maxEntryBytes?: number };
 }
 
 /** Express middleware; gives the handler req.db (a transaction), req.rawBody and a parsed req.body. */

@@ -3,7 +3,9 @@
 //
 // Environment: DATABASE_URL (a database with CREATE EXTENSION idempotency
 // done), PORT (default 3000), HOST (default 127.0.0.1); for the tests,
-// IDEMPOTENCY_LEASE (default 60 seconds) and IDEMPOTENCY_FAIL_OPEN=on.
+// IDEMPOTENCY_LEASE (default 60 seconds), IDEMPOTENCY_FAIL_OPEN=on and
+// IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the handler's transaction:
+// this handler's effects are all in this database).
 
 const express = require('express');
 const { Pool } = require('pg');
@@ -22,10 +24,14 @@ app.disable('x-powered-by');
 // Health: answers without touching the database.
 app.get('/', (req, res) => res.json({ status: 'ok' }));
 
-// After authentication (none here), before the routes it guards.
+// After authentication, before the routes it guards. With authentication,
+// pass the principal as the scope (scope: (req) => `account:${req.user.id}`):
+// a retry after a token refresh then still meets its first request. This
+// app has none, so the scope is the default, a hash of Authorization.
 app.use(idempotency(pool, {
   lease: process.env.IDEMPOTENCY_LEASE ?? '60 seconds',
   failOpen: process.env.IDEMPOTENCY_FAIL_OPEN === 'on',
+  oneTransaction: process.env.IDEMPOTENCY_ONE_TRANSACTION === 'on',
 }));
 
 // Charges the amount. Test knobs: delay_ms sleeps first, fail answers 500

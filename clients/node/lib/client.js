@@ -22,6 +22,52 @@ const LOOKUP = `SELECT key, scope, fingerprint, state, attempt, lease, lease_exp
        recovery_state, status_code, headers, body, created_at, completed_at, expires_at
   FROM idempotency.lookup($1, $2)`;
 
+// SQL literals, for statements sent as text so that several can travel in
+// one simple query (BEGIN with a claim, complete with COMMIT): a string as
+// an escape string (E'...', whatever standard_conforming_strings says),
+// bytes as hex, NULL for null. PostgreSQL text cannot hold NUL, so a string
+// with one is refused here as it would be there (22021).
+function literal(value, type = null) {
+  let text;
+  if (value === null || value === undefined)
+    text = 'NULL';
+  else if (Buffer.isBuffer(value) || value instanceof Uint8Array)
+    text = `E'\\\\x${Buffer.from(value).toString('hex')}'`;
+  else {
+    const s = String(value);
+    if (s.includes('\0')) throw Object.assign(new TypeError('a string with a NUL character cannot be sent'), { code: '22021' });
+    text = `E'${s.replace(/\\/g, '\\\\').replace(/'/g, "''")}'`;
+  }
+  return type ? `${text}::${type}` : text;
+}
+
+// Returns the text of a claim whose arguments are literals (options as for claim()).
+function claimText(key, fp, o) {
+  const args = `${literal(key)}, ${literal(bytes(fp), 'bytea')}, scope => ${literal(o.scope, 'text')}, ` +
+    `lease => ${literal(interval(o.lease), 'interval')}, retention => ${literal(interval(o.retention), 'interval')}, ` +
+    `wait => ${literal(interval(o.wait), 'interval')}, token => ${literal(o.token, 'uuid')}`;
+  return `SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
+       recovery_state, retry_after, created_at
+  FROM idempotency.claim(${args})`;
+}
+
+// Returns the text of a complete whose arguments are literals.
+function completeText(key, fence, statusCode, body, headers, scope) {
+  if (!/^-?[0-9]+$/.test(String(fence))) throw new TypeError(`not a fence: ${fence}`);
+  if (!Number.isInteger(statusCode)) throw new TypeError(`not a status code: ${statusCode}`);
+  return `SELECT idempotency.complete(${literal(key)}, ${fence}, ${statusCode}, ${literal(bytes(body), 'bytea')}, ` +
+    `${literal(json(headers), 'jsonb')}, ${literal(scope, 'text')}) AS result`;
+}
+
+// Returns what claim() answers, from the row of a claim statement.
+function claimFromRow(r) {
+  return {
+    outcome: r.outcome, fence: r.fence, attempt: r.attempt, statusCode: r.status_code,
+    headers: r.headers, body: r.body, recoveryPoint: r.recovery_point,
+    recoveryState: r.recovery_state, retryAfter: r.retry_after, createdAt: r.created_at,
+  };
+}
+
 // The error complete, extend and checkpoint raise when the fence lost its claim (IK001).
 class ClaimLostError extends Error {
   constructor(key, cause) {
@@ -79,12 +125,7 @@ class IdempotencyClient {
     const o = { ...this.defaults, ...options };
     const { rows } = await (o.db ?? this.db).query(CLAIM, [key, bytes(fp), o.scope,
       interval(o.lease), interval(o.retention), interval(o.wait), o.token ?? null]);
-    const r = rows[0];
-    return {
-      outcome: r.outcome, fence: r.fence, attempt: r.attempt, statusCode: r.status_code,
-      headers: r.headers, body: r.body, recoveryPoint: r.recovery_point,
-      recoveryState: r.recovery_state, retryAfter: r.retry_after, createdAt: r.created_at,
-    };
+    return claimFromRow(rows[0]);
   }
 
   // Stores the response and ends the claim: 'stored', or 'released' for a 5xx
@@ -139,4 +180,4 @@ class IdempotencyClient {
 
 IdempotencyClient.fingerprint = fingerprint;
 
-module.exports = { IdempotencyClient, ClaimLostError };
+module.exports = { IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow };

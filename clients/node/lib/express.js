@@ -1,15 +1,21 @@
 'use strict';
 // Express middleware for Idempotency-Key (docs/http-contract.md of the
 // idempotency extension): for the methods it covers it reads the body,
-// claims the key on its own (committed at once, so that a concurrent retry
-// sees it), runs the handler in a transaction given as req.db, and stores
-// the response with idempotency.complete() in that same transaction, so the
-// business writes and the stored response commit together or not at all.
+// claims the key, runs the handler in a transaction given as req.db, and
+// stores the response with idempotency.complete() in that same transaction,
+// so the business writes and the stored response commit together or not at
+// all. By default the claim commits on its own first (a concurrent retry
+// sees it at once, a crashed request's key is taken over when its lease
+// ends); with oneTransaction the claim is in the handler's transaction too.
+// Statements that can travel together do (pipelined, pg 8.23 or later).
 
 const crypto = require('node:crypto');
 const { fingerprint } = require('./fingerprint');
 const { parseIdempotencyKey } = require('./key');
-const { IdempotencyClient, ClaimLostError } = require('./client');
+const {
+  IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
+} = require('./client');
+const { ReplayCache } = require('./replay-cache');
 
 const DEFAULTS = {
   methods: ['POST', 'PATCH'], // the methods that take a key
@@ -24,7 +30,23 @@ const DEFAULTS = {
   log: (message) => console.error(`pg-idempotency: ${message}`),
   retries: 3, // how many times a claim whose answer was lost is asked again, then 503
   retryDelay: 50, // milliseconds before the first ask again, doubled each time
+  oneTransaction: false, // true: the claim, the handler's writes and complete in one transaction
+  wait: undefined, // how long a concurrent duplicate waits for the first (one transaction: 2 s)
+  runAhead: true, // one transaction, pg 8.23+: run the handler while the claim's answer is on its way
+  cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
 };
+
+// How long, by default, a duplicate of a request running in one transaction waits for it.
+const ONE_TRANSACTION_WAIT = '2 seconds';
+
+// One transaction, after a 5xx rolled the claim back with everything else:
+// keeps the 5xx for replay only when idempotency.store_server_errors is on
+// (a one-time filter: otherwise the claim is not even called), by claiming
+// the key again and completing it in one statement.
+const KEEP_SERVER_ERROR = `SELECT idempotency.complete($1, c.fence, $3, $4, $5::jsonb, $6) AS result
+  FROM idempotency.claim($1, $2, scope => $6, lease => $7::interval, retention => $8::interval) AS c
+ WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean
+   AND c.outcome OPERATOR(pg_catalog.=) 'new'`;
 
 // The detail of a 503 after a lost COMMIT whose outcome the database could not tell.
 const UNKNOWN = 'The connection to the database was lost while this request was committed; ' +
@@ -145,12 +167,77 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
+// Runs calls, each of which sends one statement on db, so that they travel
+// together when the client pipelines (pg 8.23 or later: one round trip for
+// all), else one after another; resolves to their outcomes as
+// Promise.allSettled does. Pipelined or not, every statement is sent, as
+// the server would run it after a failed one: a COMMIT after a failed
+// complete rolls back.
+async function together(db, calls) {
+  if (typeof db.pipeline !== 'boolean') {
+    const outcomes = [];
+    for (const call of calls) {
+      try {
+        outcomes.push({ status: 'fulfilled', value: await call() });
+      } catch (reason) {
+        outcomes.push({ status: 'rejected', reason });
+      }
+    }
+    return outcomes;
+  }
+  const was = db.pipeline;
+  db.pipeline = true; // until every answer is in: pg reads the answers of what it sent in pipeline mode
+  try {
+    return await Promise.allSettled(calls.map((call) => call()));
+  } finally {
+    db.pipeline = was;
+  }
+}
+
+// Returns the values of outcomes, or throws the first failure among them.
+function valuesOf(outcomes) {
+  const failed = outcomes.find((o) => o.status === 'rejected');
+  if (failed) throw failed.reason;
+  return outcomes.map((o) => o.value);
+}
+
+// Returns req.db: the connection db while the request's transaction lasts;
+// afterwards (a timeout answered, the connection went back to the pool) its
+// queries fail instead of running in whatever transaction the connection
+// is in by then.
+function transactionHandle(db) {
+  const handle = { open: true };
+  const query = (...args) => {
+    if (handle.open) return db.query(...args);
+    const err = new Error('pg-idempotency: this request\'s transaction has ended ' +
+      '(its response was sent, or a timeout answered it); the query was not run');
+    const callback = args.find((a) => typeof a === 'function');
+    if (callback) return void process.nextTick(callback, err);
+    return Promise.reject(err);
+  };
+  handle.db = new Proxy(db, {
+    get(target, name) {
+      if (name === 'query') return query;
+      if (name === 'release') return undefined; // the middleware gives the connection back
+      const value = Reflect.get(target, name, target);
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+  return handle;
+}
+
 // Returns the Express middleware; pool is a pg.Pool on the database of the business data.
 function idempotency(pool, options = {}) {
   if (!pool || typeof pool.connect !== 'function') throw new TypeError('idempotency() needs a pg.Pool');
   const opts = { ...DEFAULTS, ...options };
   const methods = new Set(opts.methods.map((m) => m.toUpperCase()));
   const client = new IdempotencyClient(pool, { lease: opts.lease, retention: opts.retention });
+  const wait = opts.wait ?? (opts.oneTransaction ? ONE_TRANSACTION_WAIT : null);
+  if (opts.oneTransaction && !(typeof wait === 'number' ? wait > 0 : /[1-9]/.test(String(wait))))
+    throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
+      '(a duplicate would otherwise wait for the first without a bound)');
+  const cache = opts.cache ? new ReplayCache(opts.cache === true ? {} : opts.cache) : null;
+  const pipelinedBefore = new WeakMap(); // a connection running ahead => its pipeline setting before
   // pg emits 'error' on the pool when an idle connection drops: without a
   // listener that would end the process. Logged unless the application listens too.
   pool.on('error', (err) => {
@@ -177,26 +264,77 @@ function idempotency(pool, options = {}) {
 
   // Gives a connection back, or discards it when err says it is lost.
   function checkin(db, err) {
+    if (pipelinedBefore.has(db)) {
+      db.pipeline = pipelinedBefore.get(db);
+      pipelinedBefore.delete(db);
+    }
     if (err && connectionLost(err)) return db.release(err); // still listening: it may emit again
     db.removeListener('error', onDropped);
     db.release();
   }
 
+  // Ends the transaction db is in, if any (a pipelined COMMIT after a failed
+  // statement has ended it already), and gives the connection back.
+  async function rollbackAndCheckin(db) {
+    if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I')
+      return checkin(db);
+    try {
+      await db.query('ROLLBACK');
+      checkin(db);
+    } catch (err) {
+      checkin(db, err);
+    }
+  }
+
+  // Returns the text of the claim of request c (its arguments as literals,
+  // so that it can share a simple query with BEGIN).
+  function claimSql(c) {
+    return claimText(c.key, c.fp, {
+      scope: c.scope, lease: opts.lease, retention: opts.retention, wait, token: c.token,
+    });
+  }
+
+  // Sends BEGIN and the claim of c on db as one simple query (one round
+  // trip); resolves to the claim.
+  function beginAndClaim(db, c) {
+    return db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0]));
+  }
+
+  // Sends one claim of c on db, with the BEGIN of the handler's transaction:
+  // one transaction: BEGIN, then the claim in it, in one simple query; two:
+  // the claim on its own (it commits at once), then BEGIN: pipelined (pg
+  // 8.23 or later) both at once, and a claim that is not new rolls the
+  // empty transaction back; otherwise BEGIN only after new.
+  // Resolves to { claim, open } (open: db is in a transaction).
+  async function claimOn(db, c) {
+    if (opts.oneTransaction) return { claim: await beginAndClaim(db, c), open: true };
+    const claim = () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0]));
+    const begin = () => db.query('BEGIN');
+    if (typeof db.pipeline === 'boolean') {
+      const [got] = valuesOf(await together(db, [claim, begin]));
+      return { claim: got, open: true };
+    }
+    const got = await claim();
+    if (got.outcome === 'new') await begin();
+    return { claim: got, open: got.outcome === 'new' };
+  }
+
   // Claims on a fresh connection, asking again with the same token (at most
-  // opts.retries times) while the answer is lost: a claim that committed
-  // unheard answers new again. Resolves to { claim, db }; when new, db is
-  // in the transaction the handler gets.
-  async function claimRecovering(c) {
-    for (let attempt = 0; ; attempt++) {
+  // opts.retries times in all, counting from attempt) while the answer is
+  // lost: a claim that committed unheard answers new again. Resolves to
+  // { claim, db, open }; when new, db is in the transaction the handler gets.
+  async function claimRecovering(c, first = 0) {
+    for (let attempt = first; ; attempt++) {
       if (attempt > 0) await sleep(opts.retryDelay * 2 ** (attempt - 1));
       let db = null;
       try {
         db = await checkout();
-        const claim = await client.claim(c.key, c.fp, { db, scope: c.scope, token: c.token });
-        if (claim.outcome === 'new') await db.query('BEGIN');
-        return { claim, db };
+        return { db, ...await claimOn(db, c) };
       } catch (err) {
-        if (db) checkin(db, err);
+        if (db) {
+          if (connectionLost(err)) checkin(db, err);
+          else await rollbackAndCheckin(db);
+        }
         if (!connectionLost(err) || attempt >= opts.retries) throw err;
         opts.log(`the claim's answer was lost (${err.message}); asking again`);
       }
@@ -219,6 +357,14 @@ function idempotency(pool, options = {}) {
       key, scope: opts.scope(req), token: crypto.randomUUID(), reruns: 0,
       fp: fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query),
     };
+    const remembered = cache?.get(c.scope, c.key, c.fp);
+    if (remembered) return answer(res, remembered);
+    if (opts.oneTransaction && opts.runAhead && !opts.failOpen) {
+      const db = await checkout().catch(() => null); // none: claimRecovering tries again
+      if (db && answeredMeanwhile(req, res)) return checkin(db);
+      if (db && typeof db.pipeline === 'boolean') return runAhead(req, res, next, c, db);
+      if (db) checkin(db);
+    }
     let got;
     try {
       got = await claimRecovering(c);
@@ -229,11 +375,78 @@ function idempotency(pool, options = {}) {
       return runHandler(req, res, next);
     }
     if (got.claim.outcome !== 'new') {
-      checkin(got.db);
-      return answer(res, got.claim);
+      answer(res, got.claim); // the answer goes out first; the empty transaction ends after
+      if (got.claim.outcome === 'replay') remember(c, got.claim);
+      return got.open ? rollbackAndCheckin(got.db) : checkin(got.db);
     }
     c.fence = got.claim.fence;
+    if (answeredMeanwhile(req, res)) { // the handler does not run: nothing to keep
+      await rollbackAndCheckin(got.db);
+      if (!opts.oneTransaction) await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
+      return undefined;
+    }
     return handOver(req, res, next, c, got.db, next);
+  }
+
+  // True when the request was answered while the middleware waited for the
+  // database (a timeout middleware's answer): its handler must not run.
+  function answeredMeanwhile(req, res) {
+    return Boolean(req.timedout) || res.headersSent || res.writableEnded;
+  }
+
+  // One transaction, when the client pipelines: sends BEGIN and the claim
+  // and runs the handler at once, its statements pipelined behind the
+  // claim, so that the claim costs no round trip of its own. Everything the
+  // handler does is in the claim's transaction: unless the claim answers
+  // new, it all rolls back and the claim's answer goes out instead (see
+  // settleClaim). Only for handlers whose effects are all in the database.
+  function runAhead(req, res, next, c, db) {
+    pipelinedBefore.set(db, db.pipeline);
+    db.pipeline = true; // for the whole request: the handler's statements follow the claim unanswered
+    c.pending = beginAndClaim(db, c);
+    c.pending.catch(() => {}); // awaited when the handler has answered
+    return handOver(req, res, next, c, db, next);
+  }
+
+  // After a handler that ran ahead of its claim answered: waits for the
+  // claim. Resolves to undefined when it is new (go on), else to what
+  // finish resolves to, the handler's transaction rolled back: the claim's
+  // answer (replay, 409, 422), 400 for a key the extension refuses, 503
+  // when it failed, or, when its answer was lost, what asking again says.
+  async function settleClaim(req, res, next, c, db, body) {
+    const pending = c.pending;
+    c.pending = null;
+    let claim;
+    try {
+      claim = await pending;
+    } catch (err) {
+      if (connectionLost(err)) {
+        checkin(db, err);
+        return recover(req, res, next, c, body, 1);
+      }
+      await rollbackAndCheckin(db);
+      if (err.code === '22023') return replaceWith(res, () => invalidKey(res));
+      return replaceWith(res, () => unavailable(res, err));
+    }
+    if (claim.outcome === 'new') {
+      c.fence = claim.fence;
+      return undefined;
+    }
+    await rollbackAndCheckin(db);
+    if (claim.outcome === 'replay') remember(c, claim);
+    return replaceWith(res, () => answer(res, claim));
+  }
+
+  // Keeps a replay read from the database in the cache, until its record
+  // expires: looks the record up (after the answer went out, off its path)
+  // for its expires_at, and keeps it only if it is the one replayed.
+  function remember(c, claim) {
+    if (!cache) return;
+    client.lookup(c.key, { scope: c.scope }).then((record) => {
+      if (record?.state === 'completed' && Buffer.from(c.fp).equals(record.fingerprint) &&
+          record.statusCode === claim.statusCode)
+        cache.set(c.scope, c.key, c.fp, { ...claim, expiresAt: record.expiresAt });
+    }, (err) => opts.log(`could not look a replay up to keep it: ${err.message}`));
   }
 
   // Runs the handler unguarded, in a transaction (req.db).
@@ -252,31 +465,41 @@ function idempotency(pool, options = {}) {
   // Gives the handler its transaction (req.db), runs it by dispatch(), and
   // holds its response until it is committed.
   function handOver(req, res, next, c, db, dispatch) {
-    req.db = db;
-    holdResponse(res, (body) => finish(req, res, next, c, db, body));
+    const handle = transactionHandle(db);
+    req.db = handle.db;
+    holdResponse(res, (body) => {
+      handle.open = false; // what the handler sends after this is not part of the request
+      return finish(req, res, next, c, db, body);
+    });
     dispatch();
   }
 
-  // Ends the handler's transaction: complete and commit, or (5xx) roll back
-  // and abandon. Resolves to true when the handler's response is the one to send.
+  // Ends the handler's transaction: complete and commit, or (5xx, or an
+  // answer the handler did not give: a timeout's) roll back and abandon.
+  // Resolves to true when the handler's response is the one to send.
   async function finish(req, res, next, c, db, body) {
-    if (res.statusCode >= 500) return abandon(db, c, res, body);
+    if (c?.pending) {
+      const settled = await settleClaim(req, res, next, c, db, body);
+      if (settled !== undefined) return settled;
+    }
+    if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
     try {
-      if (c)
-        await client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db, scope: c.scope });
-      await db.query('COMMIT');
+      // complete and COMMIT in one simple query: one round trip; a complete
+      // that fails skips the COMMIT and leaves the transaction to roll back.
+      await db.query(c ? `${completeText(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`
+        : 'COMMIT');
       checkin(db);
       return true;
     } catch (err) {
       if (connectionLost(err)) {
         checkin(db, err);
-        if (c) return recover(req, res, next, c);
+        if (c) return recover(req, res, next, c, body);
         return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
       }
-      await db.query('ROLLBACK').catch(() => {});
-      checkin(db);
+      await rollbackAndCheckin(db);
       if (err.code === 'IK001') return claimLost(res);
-      if (c) await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
+      if (c && !opts.oneTransaction) // one transaction: the claim rolled back with the rest
+        await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
       opts.log(`could not store the response: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The response could not be stored; nothing was kept. Retry later.', { 'Retry-After': '1' });
@@ -284,30 +507,35 @@ function idempotency(pool, options = {}) {
   }
 
   // The connection was lost before the COMMIT's answer came: claims with the
-  // same token to learn what happened. replay: it committed, the handler's
-  // response is the stored one; new: it rolled back, so the handler runs again.
-  async function recover(req, res, next, c) {
+  // same token to learn what happened. replay: it committed (the stored
+  // response is the handler's), or, in one transaction, a duplicate's
+  // committed after ours rolled back (its response goes out, as a replay);
+  // new: it rolled back, so the handler runs again.
+  async function recover(req, res, next, c, body, first = 0) {
     let got;
     try {
-      got = await claimRecovering(c);
+      got = await claimRecovering(c, first);
     } catch (err) {
       opts.log(`the COMMIT's answer was lost and the database cannot tell: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
-    const { claim, db } = got;
+    const { claim, db, open } = got;
+    if (claim.outcome !== 'new') {
+      if (open) await rollbackAndCheckin(db);
+      else checkin(db);
+    }
     if (claim.outcome === 'replay') {
-      checkin(db);
-      return true;
+      if (claim.statusCode === res.statusCode && claim.body !== null && body.equals(claim.body)) return true;
+      return replaceWith(res, () => answer(res, claim));
     }
     if (claim.outcome !== 'new') { // in_progress: the lease ended meanwhile and a retry took the key over
-      checkin(db);
       return claim.outcome === 'in_progress' ? claimLost(res)
         : replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
-    c.fence = claim.fence; // the same, unless our lease had ended (a takeover)
+    c.fence = claim.fence; // the same, unless our lease had ended (a takeover) or, one transaction, it rolled back
     if (res.headersSent || !req.route || c.reruns >= opts.retries) {
       await db.query('ROLLBACK').catch(() => {});
-      await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
+      if (!opts.oneTransaction) await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
       checkin(db);
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The connection to the database was lost; nothing of this request was kept. Retry later.',
@@ -322,33 +550,48 @@ function idempotency(pool, options = {}) {
     return false; // the run again sends its own response
   }
 
-  // Rolls back a 5xx handler's writes, then hands its response to complete,
+  // Rolls back the writes of a 5xx handler (or of one a timeout answered
+  // for), then ends the claim: two transactions: complete with the 5xx,
   // which releases the key (or, with idempotency.store_server_errors on,
-  // stores the response for replay); the handler's 5xx goes out either way.
-  // When the connection is lost, the transaction is gone with it: complete
-  // goes through the pool.
-  async function abandon(db, c, res, body) {
-    try {
-      await db.query('ROLLBACK');
-    } catch (err) {
-      checkin(db, err);
-      db = null;
-    }
-    let broken;
-    if (c) {
-      const on = db ?? pool;
+  // stores the response for replay); one transaction: the claim rolled
+  // back with the rest, and the 5xx is kept only with that setting on. An
+  // answer the handler did not give by finishing (req.timedout) is never
+  // stored: the key is released. The answer goes out either way. When the
+  // connection is lost, the transaction is gone with it: what is left goes
+  // through the pool.
+  async function abandon(req, db, c, res, body) {
+    const timedOut = Boolean(req.timedout);
+    const end = (on) => {
+      if (!c) return null;
+      if (timedOut) return opts.oneTransaction ? null : client.release(c.key, c.fence, { db: on, scope: c.scope });
+      if (opts.oneTransaction) return keepServerError(on, c, res, body);
+      return client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
+    };
+    const [rolledBack, ended] = await together(db, [() => db.query('ROLLBACK'), () => end(db)]);
+    let broken = rolledBack.status === 'rejected' ? rolledBack.reason : undefined;
+    let failure = ended.status === 'rejected' ? ended.reason : undefined;
+    if (broken && connectionLost(broken) && failure && connectionLost(failure)) {
       try {
-        await client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
+        await end(pool); // the connection went with the transaction
+        failure = undefined;
       } catch (err) {
-        if (err.code !== 'IK001') { // IK001: a retry owns the key, nothing of ours to free
-          opts.log(`could not end the claim after a ${res.statusCode}: ${err.message}`);
-          if (!connectionLost(err)) await client.release(c.key, c.fence, { db: on, scope: c.scope }).catch(() => {});
-          else broken = err; // the key frees itself when its lease ends
-        }
+        failure = err;
       }
     }
-    if (db) checkin(db, broken);
+    if (failure && failure.code !== 'IK001') { // IK001: a retry owns the key, nothing of ours to free
+      opts.log(`could not end the claim after a ${res.statusCode}: ${failure.message}`);
+      if (!connectionLost(failure) && c && !opts.oneTransaction)
+        await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
+      else if (!broken) broken = failure; // the key frees itself when its lease ends
+    }
+    checkin(db, broken);
     return true;
+  }
+
+  // One transaction, after a 5xx: stores it for replay when idempotency.store_server_errors is on.
+  function keepServerError(on, c, res, body) {
+    return on.query(KEEP_SERVER_ERROR, [c.key, c.fp, res.statusCode, body, JSON.stringify(headersToStore(res)),
+      c.scope, interval(opts.lease), interval(opts.retention)]);
   }
 
   // Answers 409: the lease ended and a retry took the key over; the handler's writes rolled back.
@@ -401,15 +644,20 @@ function idempotency(pool, options = {}) {
       'The idempotency store cannot be reached; nothing ran. Retry later.', { 'Retry-After': '1' });
   }
 
-  // Replaces the handler's response with a problem; resolves to false (do not send it).
-  function replaceResponse(res, status, code, detail, headers) {
+  // Replaces the handler's response with what send() sends; resolves to false (do not send the handler's).
+  function replaceWith(res, send) {
     if (res.headersSent) {
       res.destroy(); // too late to change: the client sees a failure and retries
       return false;
     }
     for (const name of res.getHeaderNames()) res.removeHeader(name);
-    problem(res, status, code, detail, headers);
+    send();
     return false;
+  }
+
+  // Replaces the handler's response with a problem.
+  function replaceResponse(res, status, code, detail, headers) {
+    return replaceWith(res, () => problem(res, status, code, detail, headers));
   }
 
   // Sends an RFC 9457 problem (application/problem+json) with its code.

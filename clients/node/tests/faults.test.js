@@ -4,13 +4,16 @@
 // through the fault proxy (examples/faultproxy, path in FAULTPROXY), which
 // lets the server answer and then cuts the connection. Each request must
 // run its handler's writes exactly once and get the handler's answer, and
-// the process must survive every dropped connection.
+// the process must survive every dropped connection. Each test runs in
+// three set-ups: two transactions with pipelining (pg 8.23 or later: the
+// claim with BEGIN, complete with COMMIT), two transactions one statement
+// at a time (a client without pipelining, as older pg), one transaction.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const express = require('express');
-const { Pool } = require('pg');
+const pg = require('pg');
 const { idempotency } = require('pg-idempotency');
 const { newPool, unique, listen, send, scopeOf, sleep } = require('./helpers');
 
@@ -19,8 +22,41 @@ const TABLE = 'pg_idempotency_test_fault_charges';
 const direct = newPool();
 const runs = new Map(); // tag => how many times the handler ran
 let proxy;
-let proxied;
-let server;
+
+// The statements (a RegExp) before which a client closes its connection
+// instead of sending it, once: the server never sees it (a COMMIT lost on
+// its way), unlike the proxy's cuts, which come after the server's answer.
+let breakBefore = null;
+
+// A pg.Client that honours breakBefore.
+class BreakingClient extends pg.Client {
+  query(config, ...rest) {
+    const text = typeof config === 'string' ? config : config?.text;
+    if (breakBefore && typeof text === 'string' && breakBefore.test(text)) {
+      breakBefore = null;
+      this.connection.stream.destroy();
+    }
+    return super.query(config, ...rest);
+  }
+}
+
+// A pg.Client without pipelining, as pg before 8.23 (the middleware then
+// sends its statements one at a time).
+class SequentialClient extends BreakingClient {
+  constructor(config) {
+    super(config);
+    delete this.pipeline;
+  }
+}
+
+const SETUPS = [
+  { name: 'two transactions, pipelined', options: {} },
+  { name: 'two transactions, one statement at a time', options: {}, Client: SequentialClient },
+  // Running ahead of its claim, the handler runs for every request,
+  // duplicates included; only the claim's winner commits (counted in charges).
+  { name: 'one transaction, running ahead of the claim', options: { oneTransaction: true }, ahead: true },
+  { name: 'one transaction, after the claim', options: { oneTransaction: true, runAhead: false } },
+];
 
 // Starts the fault proxy in front of DATABASE_URL's server.
 function startProxy() {
@@ -31,33 +67,37 @@ function startProxy() {
 }
 
 // Returns a pg.Pool on the test database through the proxy (no 'error' listener of its own).
-function proxiedPool() {
+function proxiedPool(Client) {
   const url = new URL(process.env.DATABASE_URL);
   url.hostname = '127.0.0.1';
   url.port = String(proxy.port);
-  return new Pool({ connectionString: url.href });
+  return new pg.Pool({ connectionString: url.href, Client: Client ?? BreakingClient });
 }
 
 test.before(async () => {
   await direct.query(`CREATE TABLE IF NOT EXISTS ${TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, tag text)`);
   proxy = await startProxy();
-  proxied = proxiedPool();
+});
+test.after(async () => {
+  await direct.end();
+  proxy.stop();
+});
+
+// Starts the app of a set-up on a pool through the proxy; resolves to { url, close() }.
+async function startApp(setup) {
+  const pool = proxiedPool(setup.Client);
   const app = express();
-  app.use(idempotency(proxied, { log: () => {} }));
+  app.use(idempotency(pool, { log: () => {}, cache: false, ...setup.options }));
   app.post('/charges', async (req, res) => {
     runs.set(req.body.tag, (runs.get(req.body.tag) ?? 0) + 1);
     const { rows } = await req.db.query(`INSERT INTO ${TABLE} (tag) VALUES ($1) RETURNING id`, [req.body.tag]);
     res.status(201).json({ charge: Number(rows[0].id) });
   });
-  server = await listen(app);
-});
-test.after(async () => {
-  await server.close();
-  await proxied.end();
-  await direct.end();
-  proxy.stop();
-});
-test.beforeEach(() => proxy.control('POST', '/reset'));
+  const server = await listen(app);
+  return { url: server.url, close: async () => { await server.close(); await pool.end(); } };
+}
+
+let server; // the app of the set-up under test
 
 // Posts a charge tagged tag with Idempotency-Key key.
 function charge(key, tag) {
@@ -93,55 +133,95 @@ async function assertExactlyOnce(res, key, tag) {
   assert.deepEqual(await chargesOf(tag), ids);
 }
 
-test("the claim's answer lost: asked again with the same token, the handler runs once", async () => {
-  const key = unique('claim-lost');
-  await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=transaction');
-  const res = await charge(key, key);
-  assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
-  await assertExactlyOnce(res, key, key);
-  assert.equal(runs.get(key), 1);
-});
+for (const setup of SETUPS) {
+  test.describe(setup.name, () => {
+    test.before(async () => { server = await startApp(setup); });
+    test.after(() => server.close());
+    test.beforeEach(() => {
+      breakBefore = null;
+      return proxy.control('POST', '/reset');
+    });
 
-test("the claim's answer lost at every try: 503 after the retries, the handler never ran", async () => {
-  const key = unique('claim-lost-always');
-  await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=transaction&times=4');
-  const res = await charge(key, key);
-  assert.equal(res.status, 503, res.body.toString());
-  assert.equal(res.json().code, 'idempotency_unavailable');
-  assert.equal((await proxy.control('GET', '/stats')).cuts, 4, 'asked 1 + 3 times');
-  assert.equal(runs.get(key), undefined);
-  assert.deepEqual(await chargesOf(key), []);
-});
+    // Asserts that the handler ran n times for key (running ahead, it also runs for duplicates).
+    function assertRuns(key, n) {
+      if (!setup.ahead) assert.equal(runs.get(key), n);
+    }
 
-test("the COMMIT's answer lost after it committed: the handler's answer, not an error", async () => {
-  const key = unique('commit-lost');
-  await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=transaction');
-  const res = await charge(key, key);
-  assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
-  await assertExactlyOnce(res, key, key);
-  assert.equal(runs.get(key), 1);
-});
+    test("the claim's answer lost: asked again with the same token, the handler runs once", async () => {
+      const key = unique('claim-lost');
+      await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=transaction');
+      const res = await charge(key, key);
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+      await assertExactlyOnce(res, key, key);
+      assertRuns(key, 1);
+    });
 
-test('the connection lost before the COMMIT: nothing was kept, so the handler runs again', async () => {
-  const key = unique('rolled-back');
-  // complete's answer is cut: the transaction never commits.
-  await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=statement');
-  const res = await charge(key, key);
-  assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
-  await assertExactlyOnce(res, key, key);
-  assert.equal(runs.get(key), 2);
-  assert.equal((await recordOf(key)).attempt, 1, 'the same claim, not a takeover');
-});
+    test("the claim's answer lost at every try: 503 after the retries, the handler never ran", async () => {
+      const key = unique('claim-lost-always');
+      await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=statement&times=4');
+      const res = await charge(key, key);
+      assert.equal(res.status, 503, res.body.toString());
+      assert.equal(res.json().code, 'idempotency_unavailable');
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 4, 'asked 1 + 3 times');
+      assertRuns(key, undefined);
+      assert.deepEqual(await chargesOf(key), []);
+    });
 
-test('every connection dropped and the next one refused: the request still runs once', async () => {
-  const key = unique('refused');
-  await charge(unique('warm'), 'warm'); // the pool has a connection to lose
-  await proxy.control('POST', '/drop');
-  await proxy.control('POST', '/refuse?count=1');
-  const res = await charge(key, key);
-  assert.equal((await proxy.control('GET', '/stats')).refused, 1);
-  await assertExactlyOnce(res, key, key);
-});
+    test("the COMMIT's answer lost after it committed: the handler's answer, not an error", async () => {
+      const key = unique('commit-lost');
+      await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=transaction');
+      const res = await charge(key, key);
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+      await assertExactlyOnce(res, key, key);
+      assertRuns(key, 1);
+    });
+
+    test("the connection lost after complete with its COMMIT: one charge, the handler's answer", async () => {
+      const key = unique('complete-cut');
+      // complete and COMMIT travel in one query: the cut after its answer
+      // comes after the COMMIT, and the claim asked again says replay.
+      await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=statement');
+      const res = await charge(key, key);
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+      await assertExactlyOnce(res, key, key);
+      assertRuns(key, 1);
+    });
+
+    test('the COMMIT lost on its way: nothing was kept, so the handler runs again', async () => {
+      const key = unique('rolled-back');
+      breakBefore = /idempotency\.complete/;
+      const res = await charge(key, key);
+      assert.equal(breakBefore, null, 'the connection was broken');
+      await assertExactlyOnce(res, key, key);
+      assertRuns(key, 2);
+      if (!setup.options.oneTransaction)
+        assert.equal((await recordOf(key)).attempt, 1, 'the same claim, not a takeover');
+    });
+
+    test('the connection lost after the claim, before the handler: it runs once', async () => {
+      const key = unique('claim-cut');
+      // Two transactions: the claim committed, asked again it is new with the
+      // same fence. One transaction: the claim rolled back with the
+      // connection, asked again it is new.
+      await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=statement');
+      const res = await charge(key, key);
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+      await assertExactlyOnce(res, key, key);
+      assertRuns(key, 1);
+    });
+
+    test('every connection dropped and the next one refused: the request still runs once', async () => {
+      const key = unique('refused');
+      await charge(unique('warm'), 'warm'); // the pool has a connection to lose
+      await proxy.control('POST', '/drop');
+      await proxy.control('POST', '/refuse?count=1');
+      const res = await charge(key, key);
+      assert.equal((await proxy.control('GET', '/stats')).refused, 1);
+      await assertExactlyOnce(res, key, key);
+    });
+
+  });
+}
 
 test('an idle connection dropped does not end the process (no pool listener of its own)', async () => {
   const pool = proxiedPool();
