@@ -302,7 +302,7 @@ COMMENT ON COLUMN idempotency.stats.oldest_lease_expires_at IS
 CREATE FUNCTION idempotency._in_flight()
 RETURNS TABLE (scope text, key text, owner name, attempt integer, claimed_at timestamptz,
 			   lease_expires_at timestamptz, recovery_point text, writing boolean)
-LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+LANGUAGE sql VOLATILE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
 AS $$
 SELECT k.scope, k.key, pg_catalog.pg_get_userbyid(k.owner::pg_catalog.oid),
