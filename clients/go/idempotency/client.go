@@ -113,7 +113,7 @@ const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, body,
 // claim it made is in progress, that answers New with the same fence.
 // Needs extension version 1.2.
 func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
-	return scanTicket(db.QueryRow(ctx, claimSQL, claimArgs(p)...), p)
+	return scanTicket(db.QueryRow(ctx, claimSQL, unnamed(claimArgs(p)...)...), p)
 }
 
 // claimArgs are the arguments of claimSQL for p.
@@ -160,7 +160,7 @@ func (t *Ticket) Complete(ctx context.Context, db Querier, status int, body []by
 		return "", err
 	}
 	var result string
-	if err := db.QueryRow(ctx, completeSQL, args...).Scan(&result); err != nil {
+	if err := db.QueryRow(ctx, completeSQL, unnamed(args...)...).Scan(&result); err != nil {
 		return "", t.wrap("complete", err)
 	}
 	return result, nil
@@ -182,7 +182,7 @@ func (t *Ticket) completeArgs(status int, body []byte, header http.Header) ([]an
 func (t *Ticket) Release(ctx context.Context, db Querier) (bool, error) {
 	var released bool
 	err := db.QueryRow(ctx, `SELECT idempotency.release($1, $2, $3)`,
-		t.Key, t.Fence, t.Scope).Scan(&released)
+		unnamed(t.Key, t.Fence, t.Scope)...).Scan(&released)
 	if err != nil {
 		return false, t.wrap("release", err)
 	}
@@ -194,7 +194,7 @@ func (t *Ticket) Release(ctx context.Context, db Querier) (bool, error) {
 func (t *Ticket) Extend(ctx context.Context, db Querier, lease time.Duration) (time.Time, error) {
 	var end time.Time
 	err := db.QueryRow(ctx, `SELECT idempotency.extend($1, $2, $3, $4)`,
-		t.Key, t.Fence, interval(lease), t.Scope).Scan(&end)
+		unnamed(t.Key, t.Fence, interval(lease), t.Scope)...).Scan(&end)
 	if err != nil {
 		return time.Time{}, t.wrap("extend", err)
 	}
@@ -205,7 +205,7 @@ func (t *Ticket) Extend(ctx context.Context, db Querier, lease time.Duration) (t
 // JSON, nil for none) and renews the lease; a takeover's Ticket carries them.
 func (t *Ticket) Checkpoint(ctx context.Context, db Querier, point string, state json.RawMessage) error {
 	_, err := db.Exec(ctx, `SELECT idempotency.checkpoint($1, $2, $3, $4, $5)`,
-		t.Key, t.Fence, point, jsonArg(state), t.Scope)
+		unnamed(t.Key, t.Fence, point, jsonArg(state), t.Scope)...)
 	if err != nil {
 		return t.wrap("checkpoint", err)
 	}
@@ -257,7 +257,7 @@ func Lookup(ctx context.Context, db Querier, scope, key string) (*Record, error)
 		recoveryPoint         *string
 		headers, state        []byte
 	)
-	err := db.QueryRow(ctx, lookupSQL, key, scope).Scan(&r.Scope, &r.Key, &r.Fingerprint,
+	err := db.QueryRow(ctx, lookupSQL, unnamed(key, scope)...).Scan(&r.Scope, &r.Key, &r.Fingerprint,
 		&r.State, &r.Attempt, &leaseMicros, &leaseEnd, &recoveryPoint, &state, &status, &headers,
 		&r.Body, &r.CreatedAt, &completedAt, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -295,6 +295,18 @@ func NewToken() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// unnamed is args with pgx.QueryExecModeExec first, so that the statement
+// travels unnamed (Parse, Bind and Execute in one round trip, as with a
+// prepared one), whatever the pool's DefaultQueryExecMode. pgx's default
+// prepares named statements per connection, which a transaction pooler
+// (pgbouncer before 1.21) does not keep: the next transaction may run on
+// another server connection, where the name is missing (26000), taken
+// (42P05) or another client's statement. database/sql on pgx's stdlib
+// driver passes the mode through to pgx.
+func unnamed(args ...any) []any {
+	return append([]any{pgx.QueryExecModeExec}, args...)
 }
 
 // nullIfEmpty is s as an argument: NULL when empty.

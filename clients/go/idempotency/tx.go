@@ -165,16 +165,16 @@ func beginTx(ctx context.Context, pool Pool, p *ClaimParams) (*connTx, *Ticket, 
 		return nil, nil, err
 	}
 	t := &connTx{conn: conn}
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	stmts := []statement{{sql: "BEGIN"}}
 	var ticket *Ticket
 	if p != nil {
-		b.Queue(claimSQL, claimArgs(*p)...).QueryRow(func(row pgx.Row) (err error) {
-			ticket, err = scanTicket(row, *p)
-			return err
-		})
+		stmts = append(stmts, statement{sql: claimSQL, args: claimArgs(*p),
+			read: func(row pgx.Row, _ pgconn.CommandTag) (err error) {
+				ticket, err = scanTicket(row, *p)
+				return err
+			}})
 	}
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	if err := sendUnnamed(ctx, conn.Conn(), stmts...); err != nil {
 		t.rollback(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}
@@ -191,30 +191,80 @@ func (t *connTx) finish(ctx context.Context, c *completion) error {
 	if t.ended {
 		return pgx.ErrTxClosed
 	}
-	b := &pgx.Batch{}
+	var stmts []statement
 	if c != nil {
 		args, err := c.ticket.completeArgs(c.status, c.body, c.header)
 		if err != nil {
 			return err
 		}
-		b.Queue(completeSQL, args...).QueryRow(func(row pgx.Row) error {
-			var result string
-			if err := row.Scan(&result); err != nil {
-				return c.ticket.wrap("complete", err)
-			}
-			return nil
-		})
+		stmts = append(stmts, statement{sql: completeSQL, args: args,
+			read: func(row pgx.Row, _ pgconn.CommandTag) error {
+				var result string
+				if err := row.Scan(&result); err != nil {
+					return c.ticket.wrap("complete", err)
+				}
+				return nil
+			}})
 	}
-	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+	stmts = append(stmts, statement{sql: "COMMIT", read: func(_ pgx.Row, tag pgconn.CommandTag) error {
 		if tag.String() == "ROLLBACK" { // the transaction had failed
 			return pgx.ErrTxCommitRollback
 		}
 		return nil
-	})
-	err := t.conn.SendBatch(ctx, b).Close()
+	}})
+	err := sendUnnamed(ctx, t.conn.Conn(), stmts...)
 	if pg := t.conn.Conn().PgConn(); err == nil || pg.IsClosed() || pg.TxStatus() == 'I' {
 		t.ended = true
 		t.conn.Release()
+	}
+	return err
+}
+
+// statement is one statement of sendUnnamed, and what reads its answer.
+type statement struct {
+	sql  string
+	args []any
+	// read gets the first row (pgx.ErrNoRows when none) and the command
+	// tag, or the batch's error as the row's (then the batch's error is
+	// returned unless read returns its own); nil: not read.
+	read func(row pgx.Row, tag pgconn.CommandTag) error
+}
+
+// sendUnnamed sends stmts in one round trip, each as an unnamed statement
+// with its arguments as text, as pgx's QueryExecModeExec does: pgx's
+// batches take the connection's DefaultQueryExecMode, whose default names
+// prepared statements that a transaction pooler does not keep (see
+// unnamed). Returns the first error of a read, or the batch's.
+func sendUnnamed(ctx context.Context, conn *pgx.Conn, stmts ...statement) error {
+	var eqb pgx.ExtendedQueryBuilder
+	batch := &pgconn.Batch{}
+	for _, s := range stmts {
+		if err := eqb.Build(conn.TypeMap(), nil, s.args); err != nil {
+			return err
+		}
+		batch.ExecParams(s.sql, eqb.ParamValues, nil, eqb.ParamFormats, eqb.ResultFormats)
+	}
+	results, err := conn.PgConn().ExecBatch(ctx, batch).ReadAll()
+	for i, s := range stmts {
+		if s.read == nil {
+			continue
+		}
+		if i >= len(results) || results[i].Err != nil {
+			if rerr := s.read(errRow{err}, pgconn.CommandTag{}); rerr != nil {
+				return rerr
+			}
+			return err
+		}
+		r := results[i]
+		row := rowFunc(func(dest ...any) error {
+			if len(r.Rows) == 0 {
+				return pgx.ErrNoRows
+			}
+			return pgx.ScanRow(conn.TypeMap(), r.FieldDescriptions, r.Rows[0], dest...)
+		})
+		if rerr := s.read(row, r.CommandTag); rerr != nil {
+			return rerr
+		}
 	}
 	return err
 }
