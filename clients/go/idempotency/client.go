@@ -111,8 +111,16 @@ const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, body,
 // that decides whether to run a request (see Outcome). With p.Token, a claim
 // whose answer was lost can be asked again with the same token: while the
 // claim it made is in progress, that answers New with the same fence.
-// Needs extension version 1.2.
+// Needs extension version 1.2. Traced as the span idempotency.claim of the
+// global tracer provider (see the README).
 func Claim(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
+	return inSpan(ctx, tracerOf(nil), "claim", p.Key, func(ctx context.Context) (*Ticket, error) {
+		return claimOn(ctx, db, p)
+	}, claimOutcome)
+}
+
+// claimOn is Claim untraced.
+func claimOn(ctx context.Context, db Querier, p ClaimParams) (*Ticket, error) {
 	return scanTicket(db.QueryRow(ctx, claimSQL, unnamed(claimArgs(p)...)...), p)
 }
 
@@ -153,8 +161,16 @@ func scanTicket(row pgx.Row, p ClaimParams) (*Ticket, error) {
 // Complete stores the response (status, body, the header given) and ends
 // the claim; run it in the transaction of the request's business writes.
 // Returns Stored, or Released for a 5xx. A *ClaimLostError when this fence
-// lost the claim: roll that transaction back.
+// lost the claim: roll that transaction back. Traced as the span
+// idempotency.complete of the global tracer provider.
 func (t *Ticket) Complete(ctx context.Context, db Querier, status int, body []byte, header http.Header) (string, error) {
+	return inSpan(ctx, tracerOf(nil), "complete", t.Key, func(ctx context.Context) (string, error) {
+		return t.complete(ctx, db, status, body, header)
+	}, completeOutcome)
+}
+
+// complete is Complete untraced.
+func (t *Ticket) complete(ctx context.Context, db Querier, status int, body []byte, header http.Header) (string, error) {
 	args, err := t.completeArgs(status, body, header)
 	if err != nil {
 		return "", err
@@ -178,8 +194,16 @@ func (t *Ticket) completeArgs(status int, body []byte, header http.Header) ([]an
 }
 
 // Release deletes the claim so that the next retry runs the request again.
-// False when this fence no longer owns an in-progress claim.
+// False when this fence no longer owns an in-progress claim. Traced as the
+// span idempotency.release of the global tracer provider.
 func (t *Ticket) Release(ctx context.Context, db Querier) (bool, error) {
+	return inSpan(ctx, tracerOf(nil), "release", t.Key, func(ctx context.Context) (bool, error) {
+		return t.release(ctx, db)
+	}, releaseOutcome)
+}
+
+// release is Release untraced.
+func (t *Ticket) release(ctx context.Context, db Querier) (bool, error) {
 	var released bool
 	err := db.QueryRow(ctx, `SELECT idempotency.release($1, $2, $3)`,
 		unnamed(t.Key, t.Fence, t.Scope)...).Scan(&released)

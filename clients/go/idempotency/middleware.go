@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Pool is what the middleware needs of a connection pool; *pgxpool.Pool is one.
@@ -43,6 +44,10 @@ type Options struct {
 	// is still running, then answers 409; 0: at once with two transactions,
 	// DefaultWait with OneTransaction.
 	Wait time.Duration
+	// TracerProvider gets the spans idempotency.claim, idempotency.complete
+	// and idempotency.release (see the README); nil: the global one
+	// (otel.GetTracerProvider), a no-op until the app installs an SDK.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultWait is how long, with OneTransaction, a request waits for a
@@ -98,6 +103,7 @@ type guard struct {
 	opts    Options
 	methods map[string]bool
 	stored  []string // canonical names of the headers to store
+	tracer  trace.Tracer
 }
 
 // Middleware returns net/http middleware that makes the covered requests
@@ -146,7 +152,7 @@ func newGuard(db store, opts Options) *guard {
 	if opts.Logger == nil {
 		opts.Logger = log.Default()
 	}
-	g := &guard{db: db, opts: opts, methods: map[string]bool{}}
+	g := &guard{db: db, opts: opts, methods: map[string]bool{}, tracer: tracerOf(opts.TracerProvider)}
 	for _, m := range opts.Methods {
 		g.methods[strings.ToUpper(m)] = true
 	}
@@ -235,7 +241,12 @@ const (
 // with the same fence; the pool hands the retry another connection, since
 // pgx closes one that failed.
 func (g *guard) claim(ctx context.Context, p ClaimParams) (t *Ticket, err error) {
-	err = g.retryLost(ctx, func() error { t, err = Claim(ctx, g.db, p); return err })
+	err = g.retryLost(ctx, func() error {
+		t, err = inSpan(ctx, g.tracer, "claim", p.Key, func(ctx context.Context) (*Ticket, error) {
+			return claimOn(ctx, g.db, p)
+		}, claimOutcome)
+		return err
+	})
 	return t, err
 }
 
@@ -243,7 +254,13 @@ func (g *guard) claim(ctx context.Context, p ClaimParams) (t *Ticket, err error)
 // claim, asked again the same way; a transaction whose answer was lost
 // ended with its connection.
 func (g *guard) beginClaim(ctx context.Context, p ClaimParams) (tx txn, t *Ticket, err error) {
-	err = g.retryLost(ctx, func() error { tx, t, err = g.db.beginClaim(ctx, p); return err })
+	err = g.retryLost(ctx, func() error {
+		t, err = inSpan(ctx, g.tracer, "claim", p.Key, func(ctx context.Context) (t *Ticket, err error) {
+			tx, t, err = g.db.beginClaim(ctx, p)
+			return t, err
+		}, claimOutcome)
+		return err
+	})
 	return tx, t, err
 }
 
@@ -491,11 +508,15 @@ var errCommitLost = errors.New("the COMMIT got no answer")
 func (g *guard) commit(tx txn, c *claim, rec *recorder) error {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
-	var done *completion
-	if c != nil {
-		done = &completion{c.ticket, rec.status, rec.body.Bytes(), g.storedHeader(rec)}
+	var err error
+	if c == nil {
+		err = tx.finish(ctx, nil)
+	} else {
+		done := &completion{ticket: c.ticket, status: rec.status, body: rec.body.Bytes(), header: g.storedHeader(rec)}
+		_, err = inSpan(ctx, g.tracer, "complete", c.ticket.Key, func(ctx context.Context) (*completion, error) {
+			return done, tx.finish(ctx, done)
+		}, func(c *completion) (string, int) { return c.result, 0 })
 	}
-	err := tx.finish(ctx, done)
 	if err == nil {
 		return nil
 	}
@@ -545,7 +566,9 @@ func (g *guard) abandon(tx txn, c *claim, rec *recorder) {
 			return // nothing of ours is held
 		}
 	}
-	_, err := t.Complete(ctx, g.db, rec.status, rec.body.Bytes(), g.storedHeader(rec))
+	_, err := inSpan(ctx, g.tracer, "complete", t.Key, func(ctx context.Context) (string, error) {
+		return t.complete(ctx, g.db, rec.status, rec.body.Bytes(), g.storedHeader(rec))
+	}, completeOutcome)
 	if err == nil || errors.Is(err, ErrClaimLost) {
 		return // ended, or a retry owns the key: nothing of ours to free
 	}
@@ -578,7 +601,10 @@ func (g *guard) release(t *Ticket) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
-	if _, err := t.Release(ctx, g.db); err != nil {
+	_, err := inSpan(ctx, g.tracer, "release", t.Key, func(ctx context.Context) (bool, error) {
+		return t.release(ctx, g.db)
+	}, releaseOutcome)
+	if err != nil {
 		g.opts.Logger.Printf("idempotency: release: %v", err)
 	}
 }

@@ -29,12 +29,13 @@ type txn interface {
 	cut() bool   // whether the deadline of a context the handler used on it passed
 }
 
-// completion is what complete stores for a ticket.
+// completion is what complete stores for a ticket, and what it answered.
 type completion struct {
 	ticket *Ticket
 	status int
 	body   []byte
 	header http.Header
+	result string // Stored or Released, once finish has run complete
 }
 
 // pgxStore is a Pool (*pgxpool.Pool) as a store: BEGIN travels with the
@@ -85,7 +86,7 @@ func (s sqlStore) beginClaim(ctx context.Context, p ClaimParams) (txn, *Ticket, 
 	if err != nil {
 		return nil, nil, err
 	}
-	t, err := Claim(ctx, tx.(sqlTxn), p)
+	t, err := claimOn(ctx, tx.(sqlTxn), p)
 	if err != nil {
 		tx.rollback(context.WithoutCancel(ctx))
 		return nil, nil, err
@@ -102,7 +103,8 @@ type sqlTxn struct {
 // finish runs complete, then COMMIT: database/sql sends each on its own.
 func (t sqlTxn) finish(ctx context.Context, c *completion) error {
 	if c != nil {
-		if _, err := c.ticket.Complete(ctx, t, c.status, c.body, c.header); err != nil {
+		var err error
+		if c.result, err = c.ticket.complete(ctx, t, c.status, c.body, c.header); err != nil {
 			return err
 		}
 	}

@@ -199,8 +199,7 @@ func (t *connTx) finish(ctx context.Context, c *completion) error {
 		}
 		stmts = append(stmts, statement{sql: completeSQL, args: args,
 			read: func(row pgx.Row, _ pgconn.CommandTag) error {
-				var result string
-				if err := row.Scan(&result); err != nil {
+				if err := row.Scan(&c.result); err != nil {
 					return c.ticket.wrap("complete", err)
 				}
 				return nil
