@@ -59,6 +59,12 @@ const DefaultWait = 5 * time.Second
 // even when the client has gone away: the handler's work is kept or undone.
 const finishTimeout = 30 * time.Second
 
+// finishing is the context of complete, commit and release: the values of
+// ctx (its span, for one) without its end, and finishTimeout.
+func finishing(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+}
+
 type txKey struct{}
 type ticketKey struct{}
 
@@ -355,7 +361,7 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, c
 			g.unknown(w, errors.New("the COMMIT of an unguarded request got no answer"))
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
+		ctx, cancel := finishing(r.Context())
 		t, err := g.claim(ctx, c.params)
 		cancel()
 		switch {
@@ -366,7 +372,7 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, c
 			answerAfterLoss(w, t, rec)
 			return
 		case runs == maxRuns:
-			g.release(t)
+			g.release(r.Context(), t)
 			g.unavailable(w, errors.New("the COMMIT got no answer, and rolled back, each time"))
 			return
 		}
@@ -397,7 +403,7 @@ func (g *guard) runClaimed(w http.ResponseWriter, r *http.Request, next http.Han
 	for runs := 1; ; runs++ {
 		ctx, cancel := r.Context(), context.CancelFunc(func() {})
 		if rec != nil { // the handler's work may have committed: ask whatever the client does
-			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+			ctx, cancel = finishing(ctx)
 		}
 		tx, t, err := g.beginClaim(ctx, c.params)
 		cancel()
@@ -433,7 +439,7 @@ func (g *guard) runClaimed(w http.ResponseWriter, r *http.Request, next http.Han
 func (g *guard) runOnce(w http.ResponseWriter, r *http.Request, next http.Handler, c *claim) (rec *recorder, lost bool) {
 	tx, err := g.db.begin(r.Context())
 	if err != nil {
-		g.free(c)
+		g.free(r.Context(), c)
 		g.unavailable(w, err)
 		return nil, false
 	}
@@ -450,7 +456,7 @@ func (g *guard) runIn(w http.ResponseWriter, r *http.Request, next http.Handler,
 	defer func() {
 		if p := recover(); p != nil {
 			g.rollback(tx)
-			g.free(c)
+			g.free(r.Context(), c)
 			panic(p)
 		}
 	}()
@@ -470,18 +476,18 @@ func (g *guard) runIn(w http.ResponseWriter, r *http.Request, next http.Handler,
 func (g *guard) settle(w http.ResponseWriter, r *http.Request, tx txn, c *claim, rec *recorder) (lost bool) {
 	if r.Context().Err() != nil {
 		g.rollback(tx)
-		g.free(c)
+		g.free(r.Context(), c)
 		g.opts.Logger.Printf("idempotency: the request ended before its handler did; its work was undone")
 		writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable,
 			"the request ended before its handler finished; nothing of it was kept", 1)
 		return false
 	}
 	if rec.status >= 500 {
-		g.abandon(tx, c, rec)
+		g.abandon(r.Context(), tx, c, rec)
 		rec.sendTo(w)
 		return false
 	}
-	err := g.commit(tx, c, rec)
+	err := g.commit(r.Context(), tx, c, rec)
 	switch {
 	case err == nil:
 		rec.sendTo(w)
@@ -491,7 +497,7 @@ func (g *guard) settle(w http.ResponseWriter, r *http.Request, tx txn, c *claim,
 	case errors.Is(err, errCommitLost):
 		return true
 	default:
-		g.free(c)
+		g.free(r.Context(), c)
 		g.unavailable(w, err)
 	}
 	return false
@@ -505,8 +511,8 @@ var errCommitLost = errors.New("the COMMIT got no answer")
 // pgx in one round trip). A failed complete rolls back (nothing committed,
 // whatever the error); a failure without an answer from the server is
 // errCommitLost: whether it committed is not known.
-func (g *guard) commit(tx txn, c *claim, rec *recorder) error {
-	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+func (g *guard) commit(ctx context.Context, tx txn, c *claim, rec *recorder) error {
+	ctx, cancel := finishing(ctx)
 	defer cancel()
 	var err error
 	if c == nil {
@@ -547,17 +553,17 @@ func (g *guard) storedHeader(rec *recorder) http.Header {
 // used on the transaction ran out) is never stored: the key is freed.
 // With OneTransaction the claim rolled back too: it is made again, on its
 // own, for complete.
-func (g *guard) abandon(tx txn, c *claim, rec *recorder) {
+func (g *guard) abandon(ctx context.Context, tx txn, c *claim, rec *recorder) {
 	cut := tx.cut()
 	g.rollback(tx)
 	if c == nil {
 		return
 	}
 	if cut {
-		g.free(c)
+		g.free(ctx, c)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	ctx, cancel := finishing(ctx)
 	defer cancel()
 	t := c.ticket
 	if g.opts.OneTransaction {
@@ -573,14 +579,14 @@ func (g *guard) abandon(tx txn, c *claim, rec *recorder) {
 		return // ended, or a retry owns the key: nothing of ours to free
 	}
 	g.opts.Logger.Printf("idempotency: could not end the claim after a %d: %v", rec.status, err)
-	g.release(t)
+	g.release(ctx, t)
 }
 
 // free frees the key of claim c so that a retry runs again; with
 // OneTransaction the rollback did (the claim was in the transaction).
-func (g *guard) free(c *claim) {
+func (g *guard) free(ctx context.Context, c *claim) {
 	if c != nil && !g.opts.OneTransaction {
-		g.release(c.ticket)
+		g.release(ctx, c.ticket)
 	}
 }
 
@@ -595,11 +601,11 @@ func (g *guard) rollback(tx txn) {
 
 // release frees the key of claim t (if any) so that a retry runs again; a
 // failure only delays that retry until the lease ends.
-func (g *guard) release(t *Ticket) {
+func (g *guard) release(ctx context.Context, t *Ticket) {
 	if t == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	ctx, cancel := finishing(ctx)
 	defer cancel()
 	_, err := inSpan(ctx, g.tracer, "release", t.Key, func(ctx context.Context) (bool, error) {
 		return t.release(ctx, g.db)

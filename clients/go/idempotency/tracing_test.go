@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -33,11 +34,18 @@ type spanWant struct {
 	code          string
 }
 
-// takeSpans checks the spans exported since the last call against want, in
-// order, for key, and that nothing in them holds the key or one of secrets.
-func takeSpans(t *testing.T, exporter *tracetest.InMemoryExporter, key string, secrets []string, want ...spanWant) {
+// takeSpans checks the spans of the package exported since the last call
+// against want, in order, for key, and that nothing in them holds the key or
+// one of secrets. With parented, each must be the child of a span (the
+// request's).
+func takeSpans(t *testing.T, exporter *tracetest.InMemoryExporter, parented bool, key string, secrets []string, want ...spanWant) {
 	t.Helper()
-	spans := exporter.GetSpans()
+	var spans tracetest.SpanStubs
+	for _, s := range exporter.GetSpans() {
+		if strings.HasPrefix(s.Name, "idempotency.") {
+			spans = append(spans, s)
+		}
+	}
 	exporter.Reset()
 	if len(spans) != len(want) {
 		t.Fatalf("%d spans %v, want %d", len(spans), spanNames(spans), len(want))
@@ -54,8 +62,10 @@ func takeSpans(t *testing.T, exporter *tracetest.InMemoryExporter, key string, s
 		if got != w || s.SpanKind != trace.SpanKindInternal ||
 			attrs[attrKeyHash].AsString() != hex.EncodeToString(sum[:])[:16] ||
 			(s.Status.Code == codes.Error) != (w.code != "") ||
-			s.InstrumentationScope.Name != tracerName {
-			t.Fatalf("span %d: %s %v %v %v, want %+v", i, s.Name, s.SpanKind, s.Status, s.Attributes, w)
+			s.InstrumentationScope.Name != tracerName ||
+			parented != (s.Parent.IsValid() && s.Parent.TraceID() == s.SpanContext.TraceID()) {
+			t.Fatalf("span %d: %s %v %v %v (parent %v), want %+v", i, s.Name, s.SpanKind, s.Status, s.Attributes,
+				s.Parent.SpanID(), w)
 		}
 		for _, secret := range append(secrets, key) {
 			if text := spanText(s); strings.Contains(text, secret) {
@@ -105,15 +115,29 @@ func spanNames(spans tracetest.SpanStubs) []string {
 	return names
 }
 
+// serveTraced starts a test server of h behind the middleware (one
+// transaction or two) whose spans go to tp, behind tracing middleware that
+// starts a span per request.
+func serveTraced(t *testing.T, tp trace.TracerProvider, one bool, h http.HandlerFunc) *httptest.Server {
+	guarded := newGuard(pgxStore{pool}, Options{TracerProvider: tp, OneTransaction: one, Logger: quiet}).middleware(h)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, span := tp.Tracer("test").Start(r.Context(), "request")
+		defer span.End()
+		guarded.ServeHTTP(w, r.WithContext(ctx))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // The middleware's spans, in both modes, on the tracer provider of its
-// options: a fresh request, its replay, a mismatch, a 5xx that is released,
+// options, children of the request's span: a fresh request, its replay, a mismatch, a 5xx that is released,
 // and a response too large to store (54000).
 func TestTracingMiddleware(t *testing.T) {
 	for name, one := range modes {
 		t.Run(name, func(t *testing.T) {
 			tp, exporter := recording(t)
 			var runs int32
-			srv := serveMode(t, pool, one, Options{TracerProvider: tp}, func(w http.ResponseWriter, r *http.Request) {
+			srv := serveTraced(t, tp, one, func(w http.ResponseWriter, r *http.Request) {
 				switch r.Header.Get("X-Answer") {
 				case "500":
 					w.WriteHeader(500)
@@ -130,18 +154,18 @@ func TestTracingMiddleware(t *testing.T) {
 			if r := send(t, srv, c); r.status != 201 {
 				t.Fatalf("fresh: %d %s", r.status, r.body)
 			}
-			takeSpans(t, exporter, key, secrets,
+			takeSpans(t, exporter, true, key, secrets,
 				spanWant{name: "idempotency.claim", outcome: "new", attempt: 1},
 				spanWant{name: "idempotency.complete", outcome: "stored"})
 			if r := send(t, srv, c); r.header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("replay: %d %v", r.status, r.header)
 			}
-			takeSpans(t, exporter, key, secrets, spanWant{name: "idempotency.claim", outcome: "replay"})
+			takeSpans(t, exporter, true, key, secrets, spanWant{name: "idempotency.claim", outcome: "replay"})
 			other := keyed(key, `{"card":"other"}`)
 			if r := send(t, srv, other); r.status != 422 {
 				t.Fatalf("mismatch: %d", r.status)
 			}
-			takeSpans(t, exporter, key, secrets, spanWant{name: "idempotency.claim", outcome: "mismatch"})
+			takeSpans(t, exporter, true, key, secrets, spanWant{name: "idempotency.claim", outcome: "mismatch"})
 
 			failing := keyed(uniqueKey(t), body)
 			failing.header["X-Answer"] = "500"
@@ -153,7 +177,7 @@ func TestTracingMiddleware(t *testing.T) {
 				spans = append(spans, spans[0])
 			}
 			spans = append(spans, spanWant{name: "idempotency.complete", outcome: "released"})
-			takeSpans(t, exporter, failing.header["X-Key"], secrets, spans...)
+			takeSpans(t, exporter, true, failing.header["X-Key"], secrets, spans...)
 
 			huge := keyed(uniqueKey(t), body)
 			huge.header["X-Answer"] = "huge"
@@ -165,7 +189,7 @@ func TestTracingMiddleware(t *testing.T) {
 			if !one { // the claim committed on its own: freed for the retry
 				spans = append(spans, spanWant{name: "idempotency.release", outcome: "released"})
 			}
-			takeSpans(t, exporter, huge.header["X-Key"], secrets, spans...)
+			takeSpans(t, exporter, true, huge.header["X-Key"], secrets, spans...)
 		})
 	}
 }
@@ -187,7 +211,7 @@ func TestTracingGlobalProvider(t *testing.T) {
 	if _, err := first.Complete(ctx, pool, 201, nil, nil); SQLState(err) != codeClaimLost {
 		t.Fatalf("complete again: %v", err)
 	}
-	takeSpans(t, exporter, key, []string{secret},
+	takeSpans(t, exporter, false, key, []string{secret},
 		spanWant{name: "idempotency.claim", outcome: "new", attempt: 1},
 		spanWant{name: "idempotency.complete", outcome: "stored"},
 		spanWant{name: "idempotency.claim", outcome: "replay"},
@@ -198,7 +222,7 @@ func TestTracingGlobalProvider(t *testing.T) {
 	for range 2 {
 		held.Release(ctx, pool)
 	}
-	takeSpans(t, exporter, p.Key, nil,
+	takeSpans(t, exporter, false, p.Key, nil,
 		spanWant{name: "idempotency.claim", outcome: "new", attempt: 1},
 		spanWant{name: "idempotency.release", outcome: "released"},
 		spanWant{name: "idempotency.release", outcome: "not_released"})
@@ -207,5 +231,5 @@ func TestTracingGlobalProvider(t *testing.T) {
 	if _, err := Claim(ctx, pool, p); SQLState(err) != codeInvalidArg {
 		t.Fatalf("claim of a long key: %v", err)
 	}
-	takeSpans(t, exporter, p.Key, nil, spanWant{name: "idempotency.claim", code: codeInvalidArg})
+	takeSpans(t, exporter, false, p.Key, nil, spanWant{name: "idempotency.claim", code: codeInvalidArg})
 }
