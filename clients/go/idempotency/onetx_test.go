@@ -63,7 +63,7 @@ func TestRoundTrips(t *testing.T) {
 			defer counted.Close()
 			var runs int32
 			srv := serveMode(t, counted, one, Options{}, charge(&runs))
-			send(t, srv, keyed(uniqueKey(t), `{}`)) // connects and prepares the statements
+			send(t, srv, keyed(uniqueKey(t), `{}`)) // connects
 			for i, c := range []call{keyed(uniqueKey(t), `{}`)} {
 				before := counter.Count()
 				if r := send(t, srv, c); r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idempotency/idempotency/clients/go/internal/roundtrip"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -127,9 +128,17 @@ func (h *hog) toggle(t *testing.T) {
 	}
 }
 
-// bouncedPool is a pgxpool with pgx's default settings through url.
-func bouncedPool(t *testing.T, url string) *pgxpool.Pool {
-	p, err := pgxpool.New(ctx, url)
+// bouncedPool is a pgxpool with pgx's default settings through url; with
+// counter, its round trips are counted.
+func bouncedPool(t *testing.T, url string, counter *roundtrip.Counter) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counter != nil {
+		counter.Dial(cfg)
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +150,7 @@ func bouncedPool(t *testing.T, url string) *pgxpool.Pool {
 // call on another server connection than the one before.
 func TestPgbouncerClient(t *testing.T) {
 	url := startBouncer(t)
-	db, h := bouncedPool(t, url), newHog(t, url)
+	db, h := bouncedPool(t, url, nil), newHog(t, url)
 	key := uniqueKey(t)
 	for i := range 8 {
 		p := ClaimParams{Key: fmt.Sprint(key, i), Fingerprint: fp("1"), Token: NewToken()}
@@ -185,20 +194,30 @@ func insertBounced(w http.ResponseWriter, r *http.Request) {
 }
 
 // The middleware through pgbouncer, in both modes: fresh keys and their
-// replays, each request on another server connection than the one before,
-// then concurrent duplicates of one key.
+// replays, each request on another server connection than the one before
+// and in the round trips of TestRoundTrips, then concurrent duplicates of
+// one key.
 func TestPgbouncerMiddleware(t *testing.T) {
 	url := startBouncer(t)
 	for name, one := range modes {
 		t.Run(name, func(t *testing.T) {
-			db, h := bouncedPool(t, url), newHog(t, url)
+			var counter roundtrip.Counter
+			db, h := bouncedPool(t, url, &counter), newHog(t, url)
 			srv := serveMode(t, db, one, Options{}, insertBounced)
+			want := map[bool][2]int64{false: {4, 1}, true: {3, 2}}[one] // fresh, replay
 			for i := range 6 {
 				c := keyed(fmt.Sprint(uniqueKey(t), i), `{}`)
+				before := counter.Count()
 				first := send(t, srv, c)
+				fresh := counter.Count() - before
 				h.toggle(t)
+				before = counter.Count()
 				again := send(t, srv, c)
+				trips := [2]int64{fresh, counter.Count() - before}
 				h.toggle(t)
+				if i > 0 && trips != want { // the first request also connects
+					t.Errorf("request %d: round trips (fresh, replay) %v, want %v", i, trips, want)
+				}
 				if first.status != 201 || first.header.Get("Idempotent-Replayed") != "" ||
 					again.status != 201 || again.header.Get("Idempotent-Replayed") != "true" ||
 					string(again.body) != string(first.body) || writesOf(t, c.header["X-Key"]) != 1 {
