@@ -1,13 +1,17 @@
 package idempotency
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -232,4 +236,56 @@ func TestTracingGlobalProvider(t *testing.T) {
 		t.Fatalf("claim of a long key: %v", err)
 	}
 	takeSpans(t, exporter, false, p.Key, nil, spanWant{name: "idempotency.claim", code: codeInvalidArg})
+}
+
+// batchTracer is a pgx.QueryTracer and pgx.BatchTracer that keeps the
+// statements of the batches it sees, as otelpgx would trace them.
+type batchTracer struct {
+	mu         sync.Mutex
+	statements []string
+}
+
+func (b *batchTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (b *batchTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (b *batchTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (b *batchTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.statements = append(b.statements, strings.Fields(data.SQL)[0]+" "+data.CommandTag.String())
+}
+func (b *batchTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// The pool's pgx tracer sees the package's batches (BEGIN with the claim,
+// complete with COMMIT), which do not go through pgx's SendBatch.
+func TestTracingPgxBatchTracer(t *testing.T) {
+	want := map[bool]string{
+		false: "BEGIN BEGIN,SELECT SELECT 1,COMMIT COMMIT",                 // BEGIN; complete, COMMIT
+		true:  "BEGIN BEGIN,SELECT SELECT 1,SELECT SELECT 1,COMMIT COMMIT", // BEGIN, claim; complete, COMMIT
+	}
+	for name, one := range modes {
+		t.Run(name, func(t *testing.T) {
+			tracer := &batchTracer{}
+			cfg := pool.Config()
+			cfg.ConnConfig.Tracer = tracer
+			traced, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer traced.Close()
+			var runs int32
+			srv := serveMode(t, traced, one, Options{}, charge(&runs))
+			if r := send(t, srv, keyed(uniqueKey(t), `{}`)); r.status != 201 {
+				t.Fatalf("fresh: %d", r.status)
+			}
+			tracer.mu.Lock()
+			defer tracer.mu.Unlock()
+			if got := strings.Join(tracer.statements, ","); got != want[one] {
+				t.Fatalf("the pgx tracer saw %q, want %q", got, want[one])
+			}
+		})
+	}
 }

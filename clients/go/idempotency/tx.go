@@ -233,7 +233,8 @@ type statement struct {
 // with its arguments as text, as pgx's QueryExecModeExec does: pgx's
 // batches take the connection's DefaultQueryExecMode, whose default names
 // prepared statements that a transaction pooler does not keep (see
-// unnamed). Returns the first error of a read, or the batch's.
+// unnamed). The pool's pgx.BatchTracer (otelpgx, say) sees it as it would
+// see a pgx batch. Returns the first error of a read, or the batch's.
 func sendUnnamed(ctx context.Context, conn *pgx.Conn, stmts ...statement) error {
 	var eqb pgx.ExtendedQueryBuilder
 	batch := &pgconn.Batch{}
@@ -243,7 +244,9 @@ func sendUnnamed(ctx context.Context, conn *pgx.Conn, stmts ...statement) error 
 		}
 		batch.ExecParams(s.sql, eqb.ParamValues, nil, eqb.ParamFormats, eqb.ResultFormats)
 	}
+	ctx, done := traceBatch(ctx, conn, stmts)
 	results, err := conn.PgConn().ExecBatch(ctx, batch).ReadAll()
+	done(results, err)
 	for i, s := range stmts {
 		if s.read == nil {
 			continue
@@ -266,6 +269,27 @@ func sendUnnamed(ctx context.Context, conn *pgx.Conn, stmts ...statement) error 
 		}
 	}
 	return err
+}
+
+// traceBatch tells the connection's pgx.BatchTracer, if any, that stmts
+// are sent; done tells it their results.
+func traceBatch(ctx context.Context, conn *pgx.Conn, stmts []statement) (context.Context, func([]*pgconn.Result, error)) {
+	tracer, ok := conn.Config().Tracer.(pgx.BatchTracer)
+	if !ok {
+		return ctx, func([]*pgconn.Result, error) {}
+	}
+	b := &pgx.Batch{}
+	for _, s := range stmts {
+		b.Queue(s.sql, s.args...)
+	}
+	ctx = tracer.TraceBatchStart(ctx, conn, pgx.TraceBatchStartData{Batch: b})
+	return ctx, func(results []*pgconn.Result, err error) {
+		for i, r := range results {
+			tracer.TraceBatchQuery(ctx, conn, pgx.TraceBatchQueryData{SQL: stmts[i].sql, Args: stmts[i].args,
+				CommandTag: r.CommandTag, Err: r.Err})
+		}
+		tracer.TraceBatchEnd(ctx, conn, pgx.TraceBatchEndData{Err: err})
+	}
 }
 
 // rollback rolls back, unless the transaction has ended, and gives the
