@@ -38,6 +38,7 @@ use uuid::Uuid;
 
 use crate::body::{BoxError, IdempotencyBody, RequestBody, ResponseBody};
 use crate::problem::{Problem, replay};
+use crate::telemetry::key_hash;
 use crate::tx::Loan;
 use crate::{ClaimOptions, Error, Outcome, Owner, claim, fingerprint, key};
 
@@ -310,19 +311,23 @@ impl IdempotencyLayer {
                     return Ok(Problem::KeyInvalid("The Idempotency-Key is not one the store accepts.").response());
                 }
                 Err(err) if lost.is_some() => {
-                    tracing::error!("idempotency: the claim that would tell what became of key {key:?} failed: {err}");
+                    tracing::error!(
+                        "idempotency: the claim that would tell what became of key {} failed: {}",
+                        key_hash(&key),
+                        err.redacted()
+                    );
                     return Ok(lost_answer(lost));
                 }
                 Err(err) if self.fail_open && err.is_connection() => {
-                    tracing::warn!("idempotency: the database failed, running unguarded without it: {err}");
+                    tracing::warn!("idempotency: the database failed, running unguarded without it: {}", err.redacted());
                     return pass_through(inner, request.request()).await;
                 }
                 Err(err) if self.fail_open => {
-                    tracing::warn!("idempotency: the claim failed, running unguarded: {err}");
+                    tracing::warn!("idempotency: the claim failed, running unguarded: {}", err.redacted());
                     return self.run_answered(inner, &request, None).await;
                 }
                 Err(err) => {
-                    tracing::error!("idempotency: the claim failed: {err}");
+                    tracing::error!("idempotency: the claim failed: {}", err.redacted());
                     return Ok(Problem::Unavailable.response());
                 }
             };
@@ -351,7 +356,7 @@ impl IdempotencyLayer {
             .await;
             match result {
                 Err(err) if answer_lost(&err) && attempt < CLAIM_ATTEMPTS => {
-                    tracing::warn!("idempotency: the claim's answer was lost, asking again: {err}");
+                    tracing::warn!("idempotency: the claim's answer was lost, asking again: {}", err.redacted());
                     tokio::time::sleep(CLAIM_BACKOFF * 2u32.pow(attempt - 1)).await;
                     attempt += 1;
                 }
@@ -448,11 +453,11 @@ impl IdempotencyLayer {
                     return Run::Answered(Ok(Problem::ClaimLost.response()));
                 }
                 Err(err) if err.is_connection() => {
-                    tracing::warn!("idempotency: the connection broke before COMMIT: {err}");
+                    tracing::warn!("idempotency: the connection broke before COMMIT: {}", err.redacted());
                     return Run::Lost(None);
                 }
                 Err(err) => {
-                    tracing::error!("idempotency: could not store the response: {err}");
+                    tracing::error!("idempotency: could not store the response: {}", err.redacted());
                     self.abandon(Some(transaction), Some(owner), None).await;
                     return Run::Answered(Ok(Problem::RolledBack.response()));
                 }
@@ -461,12 +466,12 @@ impl IdempotencyLayer {
         match transaction.commit().await.map_err(Error::from) {
             Ok(()) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
             Err(err) if err.is_connection() => {
-                tracing::warn!("idempotency: the answer to COMMIT was lost: {err}");
+                tracing::warn!("idempotency: the answer to COMMIT was lost: {}", err.redacted());
                 Run::Lost(Some((head, body)))
             }
             Err(err) => {
                 // The server refused the COMMIT (a deferred constraint): it rolled back.
-                tracing::error!("idempotency: COMMIT failed: {err}");
+                tracing::error!("idempotency: COMMIT failed: {}", err.redacted());
                 if let Some(owner) = owner {
                     self.release(owner).await;
                 }
@@ -483,11 +488,11 @@ impl IdempotencyLayer {
             Ok(_) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
             Err(Error::ClaimLost(_)) => Run::Answered(Ok(Problem::ClaimLost.response())),
             Err(err) if answer_lost(&err) => {
-                tracing::warn!("idempotency: the answer to complete was lost: {err}");
+                tracing::warn!("idempotency: the answer to complete was lost: {}", err.redacted());
                 Run::Lost(Some((head, body)))
             }
             Err(err) => {
-                tracing::error!("idempotency: could not store the response: {err}");
+                tracing::error!("idempotency: could not store the response: {}", err.redacted());
                 self.release(owner).await;
                 Run::Answered(Ok(Problem::RolledBack.response()))
             }
@@ -515,7 +520,11 @@ impl IdempotencyLayer {
     /// Frees the key on a connection of the pool; its lease frees it otherwise.
     async fn release(&self, owner: &Owner) {
         if let Err(err) = owner.release(&self.pool).await {
-            tracing::error!("idempotency: could not release key {:?}; it frees when its lease ends: {err}", owner.key);
+            tracing::error!(
+                "idempotency: could not release key {}; it frees when its lease ends: {}",
+                key_hash(&owner.key),
+                err.redacted()
+            );
         }
     }
 
@@ -603,7 +612,10 @@ impl Drop for FreeOnDrop {
         tracing::warn!("idempotency: the request was dropped while its handler ran; freeing its key");
         runtime.spawn(async move {
             if let Err(err) = owner.release(&pool).await {
-                tracing::error!("idempotency: could not free the key of a dropped request; it frees when its lease ends: {err}");
+                tracing::error!(
+                    "idempotency: could not free the key of a dropped request; it frees when its lease ends: {}",
+                    err.redacted()
+                );
             }
         });
     }

@@ -20,6 +20,8 @@ mod fingerprint;
 mod key;
 mod layer;
 mod problem;
+mod sql;
+mod telemetry;
 mod tx;
 
 pub use body::{IdempotencyBody, RequestBody, ResponseBody};
