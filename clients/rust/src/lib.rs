@@ -29,7 +29,7 @@ pub use client::{ClaimOptions, Completion, Outcome, Owner, Record, State, Stored
 pub use error::Error;
 pub use fingerprint::fingerprint;
 pub use key::{IDEMPOTENCY_KEY, parse_key};
-pub use layer::{Idempotency, IdempotencyLayer, credential_scope};
+pub use layer::{Idempotency, IdempotencyLayer, ONE_TRANSACTION_WAIT, credential_scope};
 pub use tx::{Tx, TxGuard};
 
 /// The Rust snippets of README.md, compiled by `cargo test`.

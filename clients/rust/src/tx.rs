@@ -55,9 +55,10 @@ pub(crate) struct Loan {
 }
 
 impl Loan {
-    /// A transaction to lend, begun on `pool` when the handler first locks it.
-    pub(crate) fn new(pool: PgPool) -> Loan {
-        Loan { lent: Arc::new(Lent { pool, slot: Mutex::new(Slot::Idle), unwound: AtomicBool::new(false) }) }
+    /// A transaction to lend: `begun`, or begun on `pool` when the handler first locks it.
+    pub(crate) fn new(pool: PgPool, begun: Option<Transaction<'static, Postgres>>) -> Loan {
+        let slot = Mutex::new(begun.map_or(Slot::Idle, Slot::Open));
+        Loan { lent: Arc::new(Lent { pool, slot, unwound: AtomicBool::new(false) }) }
     }
 
     /// The handler's handle.

@@ -107,7 +107,7 @@ async fn charges_once_through(bouncer: &Bouncer, one_transaction: bool) {
     let table = unique("pooled_charges");
     create_table(&db, &table).await;
     let pool = pool_through(bouncer);
-    let layer = IdempotencyLayer::new(pool.clone()); let _ = one_transaction;
+    let layer = IdempotencyLayer::new(pool.clone()).one_transaction(one_transaction);
     let address = serve_charges(layer, &table).await;
     for _ in 0..6 {
         let key = unique("pooled");
@@ -148,4 +148,5 @@ async fn through_pgbouncer_in_transaction_mode() {
     };
     let bouncer = start(&program);
     charges_once_through(&bouncer, false).await;
+    charges_once_through(&bouncer, true).await;
 }
