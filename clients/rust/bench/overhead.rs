@@ -14,7 +14,8 @@
 //! fresh key; guarded with a replayed key) over one kept-alive connection
 //! per server. The kinds take turns, 100 timed requests at a time after 20
 //! untimed, so that other load on the machine weighs on each alike; it
-//! prints the median and 90th percentile.
+//! prints the median and 90th percentile. IDEMPOTENCY_ONE_TRANSACTION=on
+//! measures the layer's one-transaction mode.
 //!
 //! Round trips are counted apart, before the timing: the servers are started
 //! once more behind a proxy on 127.0.0.1 that counts the ReadyForQuery
@@ -385,7 +386,8 @@ fn serve(mode: &str) {
         .execute(&pool)
         .await?;
         let app = if mode == "guarded" {
-            Router::new().route("/payments", post(pay_guarded)).layer(IdempotencyLayer::new(pool))
+            let one_transaction = std::env::var("IDEMPOTENCY_ONE_TRANSACTION").as_deref() == Ok("on");
+            Router::new().route("/payments", post(pay_guarded)).layer(IdempotencyLayer::new(pool).one_transaction(one_transaction))
         } else {
             Router::new().route("/payments", post(pay_plain)).with_state(pool)
         };

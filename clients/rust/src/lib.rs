@@ -8,6 +8,9 @@
 //!   when the handler first locks it), and stores the response in that
 //!   transaction, so that the business writes and the stored response
 //!   commit together. It takes any request body, as tower-http's layers do.
+//!   With `one_transaction(true)` the claim is made in that transaction too.
+//!   Each call is a `tracing` span (`idempotency.claim`, `idempotency.complete`,
+//!   `idempotency.release`) that names the key only by a hash.
 //! - [`claim`], [`Owner::complete`], [`Owner::release`], [`Owner::extend`],
 //!   [`Owner::checkpoint`], [`lookup`]: the SQL API with typed outcomes on
 //!   any SQLx executor, and [`Error::ClaimLost`] for IK001.

@@ -15,8 +15,9 @@ use crate::Error;
 /// rolls back) once the handler has finished. It is begun on the
 /// application's `PgPool` when the handler first locks it, so a handler
 /// that first calls another service (a payment provider) holds no
-/// connection meanwhile. It rides in the request's extensions; it is cheap
-/// to clone.
+/// connection meanwhile (with `IdempotencyLayer::one_transaction`, it is
+/// the transaction the claim was made in). It rides in the request's
+/// extensions; it is cheap to clone.
 ///
 /// In axum, take it as an extractor (`tx: Tx`, or `Option<Tx>` when the
 /// layer may fail open); elsewhere `request.extensions().get::<Tx>()`.
