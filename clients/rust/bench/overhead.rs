@@ -21,10 +21,11 @@
 //! once more behind a proxy on 127.0.0.1 that counts the ReadyForQuery
 //! messages the database sends (one per Sync), and among them the
 //! CloseComplete ones; 50 requests of each kind after 10 untimed. The proxy
-//! adds a hop, so it is not there while timing. SQLx keeps its statements
-//! prepared per connection (none is closed: "closes" stays 0), and pings a
-//! connection (a Sync) when it is taken from the pool and again, in the
-//! background, when it goes back: those pings are among the round trips.
+//! adds a hop, so it is not there while timing. SQLx closes the unnamed
+//! portal of each prepared statement it runs ("closes"), in the same
+//! exchange: a round trip is one ReadyForQuery, whatever it answered. SQLx
+//! pings a connection (a Sync) when it is taken from the pool and again, in
+//! the background, when it goes back: those pings are among the round trips.
 
 use std::error::Error;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -146,7 +147,9 @@ fn count_round_trips() -> Vec<(f64, f64)> {
         std::thread::sleep(Duration::from_millis(100));
         let (syncs, closes) = counts.read();
         let closes = (closes - before.1) as f64 / COUNTED as f64;
-        per_request.push(((syncs - before.0) as f64 / COUNTED as f64 - closes, closes));
+        // A CloseComplete answers a Close sent with the Bind and Execute, before
+        // the same Sync: it is no round trip of its own.
+        per_request.push(((syncs - before.0) as f64 / COUNTED as f64, closes));
     }
     per_request
 }
