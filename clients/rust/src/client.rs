@@ -239,17 +239,22 @@ impl Owner {
     where
         E: Executor<'c, Database = Postgres>,
     {
+        // Bound, not literal: the body never enters the statement's text (which
+        // SQLx logs). Unnamed (not persistent), which is safe through a
+        // transaction pooler inside a transaction, where complete belongs.
         let call = async {
-            let text = format!(
-                "SELECT idempotency.complete({}, {}::int8, {}::int4, {}, {}, {})",
-                sql::text(Some(&self.key), "text")?,
-                self.fence,
-                status_code,
-                sql::bytea(Some(body)),
-                sql::jsonb(Some(&headers_json(headers)))?,
-                sql::text(self.scope.as_deref(), "text")?
-            );
-            let done: String = db.fetch_one(sqlx::raw_sql(&text)).await?.try_get(0)?;
+            let done: String = sqlx::query_scalar(
+                "SELECT idempotency.complete($1::text, $2::int8, $3::int4, $4::bytea, $5::jsonb, $6::text)",
+            )
+            .bind(&self.key)
+            .bind(self.fence)
+            .bind(i32::from(status_code))
+            .bind(body)
+            .bind(headers_json(headers))
+            .bind(self.scope.as_deref())
+            .persistent(false)
+            .fetch_one(db)
+            .await?;
             Ok(if done == "released" { Completion::Released } else { Completion::Stored })
         };
         traced(self.span(call_span!("idempotency.complete", &self.key)), call, |done, span| {
