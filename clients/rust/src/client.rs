@@ -4,9 +4,9 @@
 //! Every function takes any SQLx executor on PostgreSQL (`&PgPool`,
 //! `&mut *transaction`, `&mut *connection`), so the caller decides which
 //! transaction a call joins: `complete` belongs in the transaction of the
-//! business writes, `claim` in one of its own. SQLx keeps each statement
-//! prepared per connection: after a connection's first call, each is one
-//! round trip.
+//! business writes, `claim` in one of its own. Each call is one
+//! simple-protocol query with its arguments as literals (see `sql`): one
+//! round trip, nothing prepared, so it works through a transaction pooler.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,33 +16,35 @@ use sqlx::{Executor, Postgres, Row};
 use uuid::Uuid;
 
 use crate::Error;
+use crate::sql;
+use crate::telemetry::{call_span, traced};
 
-/// The claim with these arguments; times come back as microseconds since the
+/// The columns a claim answers; times come back as microseconds since the
 /// epoch (no date crate needed).
-macro_rules! claim_sql {
-    ($arguments:literal) => {
-        concat!(
-            "SELECT outcome, fence, attempt, status_code, headers, body, recovery_point, recovery_state,
-                    retry_after, (extract(epoch FROM created_at) * 1000000)::int8
-               FROM idempotency.claim($1, $2, $3, $4::text::interval, $5::text::interval, $6::text::interval",
-            $arguments,
-            ")"
-        )
-    };
-}
-const CLAIM: &str = claim_sql!("");
-const CLAIM_WITH_TOKEN: &str = claim_sql!(", token => $7");
-const COMPLETE: &str = "SELECT idempotency.complete($1, $2, $3, $4, $5, $6)";
-const RELEASE: &str = "SELECT idempotency.release($1, $2, $3)";
-const EXTEND: &str =
-    "SELECT (extract(epoch FROM idempotency.extend($1, $2, $3::text::interval, $4)) * 1000000)::int8";
-const CHECKPOINT: &str = "SELECT idempotency.checkpoint($1, $2, $3, $4, $5)::text";
-const LOOKUP: &str = "SELECT scope, key, fingerprint, state, attempt,
+const CLAIM_COLUMNS: &str = "outcome, fence, attempt, status_code, headers, body, recovery_point, recovery_state,
+        retry_after, (extract(epoch FROM created_at) * 1000000)::int8";
+const LOOKUP_COLUMNS: &str = "scope, key, fingerprint, state, attempt,
         (extract(epoch FROM lease) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8,
         recovery_point, recovery_state, status_code, headers, body,
         (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM completed_at) * 1000000)::int8,
-        (extract(epoch FROM expires_at) * 1000000)::int8
-   FROM idempotency.lookup($1, $2)";
+        (extract(epoch FROM expires_at) * 1000000)::int8";
+
+/// The text of a claim (the token only when given: extension 1.2).
+pub(crate) fn claim_sql(key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<String, Error> {
+    let token = match options.token {
+        Some(token) => format!(", token => {}", sql::uuid(Some(token))),
+        None => String::new(),
+    };
+    Ok(format!(
+        "SELECT {CLAIM_COLUMNS} FROM idempotency.claim({}, {}, {}, {}, {}, {}{token})",
+        sql::text(Some(key), "text")?,
+        sql::bytea(Some(fingerprint)),
+        sql::text(options.scope.as_deref(), "text")?,
+        sql::interval(options.lease),
+        sql::interval(options.retention),
+        sql::interval(options.wait),
+    ))
+}
 
 /// How to claim; every field left `None` takes the database's setting.
 #[derive(Clone, Debug, Default)]
@@ -148,18 +150,21 @@ pub async fn claim<'c, E>(db: E, key: &str, fingerprint: &[u8], options: &ClaimO
 where
     E: Executor<'c, Database = Postgres>,
 {
-    let sql = if options.token.is_some() { CLAIM_WITH_TOKEN } else { CLAIM };
-    let mut query = sqlx::query(sql)
-        .bind(key)
-        .bind(fingerprint)
-        .bind(options.scope.as_deref())
-        .bind(options.lease.map(interval))
-        .bind(options.retention.map(interval))
-        .bind(options.wait.map(interval));
-    if let Some(token) = options.token {
-        query = query.bind(token);
-    }
-    let row = query.fetch_one(db).await?;
+    let call = async {
+        let row = db.fetch_one(sqlx::raw_sql(&claim_sql(key, fingerprint, options)?)).await?;
+        outcome_of(&row, key, options)
+    };
+    traced(call_span!("idempotency.claim", key), call, |outcome, span| {
+        span.record("idempotency.outcome", outcome.name());
+        if let Outcome::New(owner) = outcome {
+            span.record("idempotency.attempt", owner.attempt);
+        }
+    })
+    .await
+}
+
+/// What the claim's row says.
+pub(crate) fn outcome_of(row: &PgRow, key: &str, options: &ClaimOptions) -> Result<Outcome, Error> {
     let outcome: &str = row.try_get(0)?;
     Ok(match outcome {
         "new" => Outcome::New(Owner {
@@ -171,7 +176,7 @@ where
             recovery_state: row.try_get(7)?,
         }),
         "replay" => Outcome::Replay {
-            response: stored_response(&row, 3)?.unwrap_or_default(),
+            response: stored_response(row, 3)?.unwrap_or_default(),
             created_at: time(row.try_get(9)?),
         },
         "in_progress" => Outcome::InProgress {
@@ -181,12 +186,29 @@ where
     })
 }
 
+impl Outcome {
+    /// The extension's name of the outcome: `new`, `replay`, `in_progress` or `mismatch`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::New(_) => "new",
+            Outcome::Replay { .. } => "replay",
+            Outcome::InProgress { .. } => "in_progress",
+            Outcome::Mismatch { .. } => "mismatch",
+        }
+    }
+}
+
 /// Reads a record as a claim would see it; `None` when there is none (or it expired).
 pub async fn lookup<'c, E>(db: E, key: &str, scope: Option<&str>) -> Result<Option<Record>, Error>
 where
     E: Executor<'c, Database = Postgres>,
 {
-    let row = match sqlx::query(LOOKUP).bind(key).bind(scope).fetch_optional(db).await? {
+    let text = format!(
+        "SELECT {LOOKUP_COLUMNS} FROM idempotency.lookup({}, {})",
+        sql::text(Some(key), "text")?,
+        sql::text(scope, "text")?
+    );
+    let row = match db.fetch_optional(sqlx::raw_sql(&text)).await? {
         None => return Ok(None),
         Some(row) => row,
     };
@@ -217,16 +239,28 @@ impl Owner {
     where
         E: Executor<'c, Database = Postgres>,
     {
-        let done: String = sqlx::query_scalar(COMPLETE)
+        // Bound, not literal: the body never enters the statement's text (which
+        // SQLx logs). Unnamed (not persistent), which is safe through a
+        // transaction pooler inside a transaction, where complete belongs.
+        let call = async {
+            let done: String = sqlx::query_scalar(
+                "SELECT idempotency.complete($1::text, $2::int8, $3::int4, $4::bytea, $5::jsonb, $6::text)",
+            )
             .bind(&self.key)
             .bind(self.fence)
             .bind(i32::from(status_code))
             .bind(body)
             .bind(headers_json(headers))
             .bind(self.scope.as_deref())
+            .persistent(false)
             .fetch_one(db)
             .await?;
-        Ok(if done == "released" { Completion::Released } else { Completion::Stored })
+            Ok(if done == "released" { Completion::Released } else { Completion::Stored })
+        };
+        traced(self.span(call_span!("idempotency.complete", &self.key)), call, |done, span| {
+            span.record("idempotency.outcome", if *done == Completion::Released { "released" } else { "stored" });
+        })
+        .await
     }
 
     /// Deletes the claim so that the next retry runs again (the work failed
@@ -235,8 +269,19 @@ impl Owner {
     where
         E: Executor<'c, Database = Postgres>,
     {
-        let query = sqlx::query_scalar(RELEASE).bind(&self.key).bind(self.fence).bind(self.scope.as_deref());
-        Ok(query.fetch_one(db).await?)
+        let call = async {
+            let text = format!(
+                "SELECT idempotency.release({}, {}::int8, {})",
+                sql::text(Some(&self.key), "text")?,
+                self.fence,
+                sql::text(self.scope.as_deref(), "text")?
+            );
+            Ok(db.fetch_one(sqlx::raw_sql(&text)).await?.try_get(0)?)
+        };
+        traced(self.span(call_span!("idempotency.release", &self.key)), call, |released, span| {
+            span.record("idempotency.outcome", if *released { "released" } else { "not_owner" });
+        })
+        .await
     }
 
     /// Renews the lease by `lease` (`None`: the claim's own lease length);
@@ -245,14 +290,14 @@ impl Owner {
     where
         E: Executor<'c, Database = Postgres>,
     {
-        let until: i64 = sqlx::query_scalar(EXTEND)
-            .bind(&self.key)
-            .bind(self.fence)
-            .bind(lease.map(interval))
-            .bind(self.scope.as_deref())
-            .fetch_one(db)
-            .await?;
-        Ok(time(until))
+        let text = format!(
+            "SELECT (extract(epoch FROM idempotency.extend({}, {}::int8, {}, {})) * 1000000)::int8",
+            sql::text(Some(&self.key), "text")?,
+            self.fence,
+            sql::interval(lease),
+            sql::text(self.scope.as_deref(), "text")?
+        );
+        Ok(time(db.fetch_one(sqlx::raw_sql(&text)).await?.try_get(0)?))
     }
 
     /// Saves the progress of multi-step work and renews the lease; a takeover
@@ -261,15 +306,22 @@ impl Owner {
     where
         E: Executor<'c, Database = Postgres>,
     {
-        sqlx::query(CHECKPOINT)
-            .bind(&self.key)
-            .bind(self.fence)
-            .bind(recovery_point)
-            .bind(recovery_state)
-            .bind(self.scope.as_deref())
-            .fetch_one(db)
-            .await?;
+        let text = format!(
+            "SELECT idempotency.checkpoint({}, {}::int8, {}, {}, {})::text",
+            sql::text(Some(&self.key), "text")?,
+            self.fence,
+            sql::text(Some(recovery_point), "text")?,
+            sql::jsonb(recovery_state)?,
+            sql::text(self.scope.as_deref(), "text")?
+        );
+        db.fetch_one(sqlx::raw_sql(&text)).await?;
         Ok(())
+    }
+
+    /// The span of a call as this owner: with its attempt.
+    fn span(&self, span: tracing::Span) -> tracing::Span {
+        span.record("idempotency.attempt", self.attempt);
+        span
     }
 }
 
@@ -277,11 +329,6 @@ impl Owner {
 fn time(micros: i64) -> SystemTime {
     let magnitude = Duration::from_micros(micros.unsigned_abs());
     if micros >= 0 { UNIX_EPOCH + magnitude } else { UNIX_EPOCH - magnitude }
-}
-
-/// Writes a duration as an interval PostgreSQL reads exactly.
-fn interval(duration: Duration) -> String {
-    format!("{} microseconds", duration.as_micros())
 }
 
 /// The stored response in columns status_code, headers, body from `first`; None without a status.

@@ -80,21 +80,38 @@ impl From<sqlx::Error> for Error {
     }
 }
 
-impl fmt::Display for Error {
-    /// Says what failed, then the server's message.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self {
+impl Error {
+    /// What failed, in a few words.
+    fn what(&self) -> &'static str {
+        match self {
             Error::ClaimLost(_) => "the claim was lost",
             Error::InvalidArgument(_) => "invalid argument",
             Error::TooLarge(_) => "the response is too large to store",
             Error::Database(_) => "database error",
-            Error::TransactionEnded => return f.write_str("the request's transaction has ended"),
-            Error::NotGuarded => return f.write_str("this route is not behind pg_idempotency::IdempotencyLayer"),
-        };
+            Error::TransactionEnded => "the request's transaction has ended",
+            Error::NotGuarded => "this route is not behind pg_idempotency::IdempotencyLayer",
+        }
+    }
+
+    /// The error for the layer's logs: the SQLSTATE instead of the server's
+    /// message, which may quote a key or a scope.
+    pub(crate) fn redacted(&self) -> String {
+        match (self.source_error(), self.sqlstate()) {
+            (Some(sqlx::Error::Database(_)), Some(code)) => format!("{} (SQLSTATE {code})", self.what()),
+            (Some(sqlx::Error::Database(_)), None) => self.what().to_owned(),
+            (Some(err), _) => format!("{}: {err}", self.what()),
+            (None, _) => self.what().to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    /// Says what failed, then the server's message.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.source_error() {
-            Some(sqlx::Error::Database(db)) => write!(f, "{what}: {}", db.message()),
-            Some(err) => write!(f, "{what}: {err}"),
-            None => f.write_str(what),
+            Some(sqlx::Error::Database(db)) => write!(f, "{}: {}", self.what(), db.message()),
+            Some(err) => write!(f, "{}: {err}", self.what()),
+            None => f.write_str(self.what()),
         }
     }
 }
@@ -112,7 +129,7 @@ impl axum_core::response::IntoResponse for Error {
     /// `idempotency_unavailable` for a database that failed (the layer rolls
     /// a 5xx back and frees the key), else 500 `idempotency_error`.
     fn into_response(self) -> axum_core::response::Response {
-        tracing::error!("idempotency: {self}");
+        tracing::error!("idempotency: {}", self.redacted());
         crate::problem::Problem::from(&self).response::<http_body_util::Full<bytes::Bytes>>().map(axum_core::body::Body::new)
     }
 }

@@ -38,6 +38,7 @@ use uuid::Uuid;
 
 use crate::body::{BoxError, IdempotencyBody, RequestBody, ResponseBody};
 use crate::problem::{Problem, replay};
+use crate::telemetry::key_hash;
 use crate::tx::Loan;
 use crate::{ClaimOptions, Error, Outcome, Owner, claim, fingerprint, key};
 
@@ -55,6 +56,11 @@ const CLAIM_BACKOFF: Duration = Duration::from_millis(50);
 
 /// How often the handler may run for one request whose COMMIT's answer was lost.
 const MAX_RUNS: u32 = 3;
+
+/// How long, by default with [`IdempotencyLayer::one_transaction`], a
+/// request waits for a running one with the same key (whose claim has not
+/// committed yet) before answering 409.
+pub const ONE_TRANSACTION_WAIT: Duration = Duration::from_secs(2);
 
 /// A whole body.
 pub(crate) fn full<B>(bytes: Bytes) -> ResponseBody<B> {
@@ -75,6 +81,8 @@ pub struct IdempotencyLayer {
     stored_headers: Vec<HeaderName>,
     max_body_bytes: usize,
     scope: Arc<ScopeFn>,
+    one_transaction: bool,
+    wait: Option<Duration>,
 }
 
 impl IdempotencyLayer {
@@ -92,6 +100,8 @@ impl IdempotencyLayer {
             stored_headers: vec![CONTENT_TYPE, LOCATION],
             max_body_bytes: 1 << 20,
             scope: Arc::new(credential_scope),
+            one_transaction: false,
+            wait: None,
         }
     }
 
@@ -151,6 +161,26 @@ impl IdempotencyLayer {
     /// its own notion of account or tenant.
     pub fn scope(mut self, scope: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
         self.scope = Arc::new(scope);
+        self
+    }
+
+    /// Whether the claim is made in the handler's transaction (`true`), so
+    /// that the claim, the handler's writes and the stored response commit
+    /// together or not at all; or, by default (`false`), committed on its
+    /// own before the handler runs. Only for handlers whose every effect is
+    /// in this database: a payment provider called by the handler needs the
+    /// default (see the README).
+    pub fn one_transaction(mut self, one_transaction: bool) -> Self {
+        self.one_transaction = one_transaction;
+        self
+    }
+
+    /// How long a request waits for another with the same key that is
+    /// still running, then answers 409 (claim's `wait`). Default: at once,
+    /// or [`ONE_TRANSACTION_WAIT`] with [`one_transaction`](Self::one_transaction),
+    /// where a duplicate cannot see the first's claim until it commits.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
         self
     }
 
@@ -242,6 +272,13 @@ impl Buffered {
     }
 }
 
+/// A request's claim that answered `new`: its owner, and what claims it again.
+struct Claimed<'a> {
+    owner: Owner,
+    fingerprint: &'a [u8],
+    options: &'a ClaimOptions,
+}
+
 /// How one run of the handler ended.
 enum Run<B, E> {
     /// With this answer, to send.
@@ -275,13 +312,13 @@ impl IdempotencyLayer {
             Err(problem) => return Ok(problem.response()),
         };
         let Some(key) = key else {
-            return self.run_answered(inner, &request, None).await;
+            return self.run_answered(inner, &request).await;
         };
         let options = ClaimOptions {
             scope: Some((self.scope)(&request.parts)),
             lease: self.lease,
             retention: self.retention,
-            wait: None,
+            wait: self.wait.or(Some(ONE_TRANSACTION_WAIT).filter(|_| self.one_transaction)),
             token: Some(Uuid::new_v4()),
         };
         let uri = &request.parts.uri;
@@ -293,9 +330,9 @@ impl IdempotencyLayer {
         // with the handler's answer to send if it committed.
         let mut lost: Option<Option<(response::Parts, Bytes)>> = None;
         for _ in 0..MAX_RUNS {
-            let owner = match self.claim(&key, &request_fingerprint, &options).await {
-                Ok(Outcome::New(owner)) => owner,
-                Ok(Outcome::Replay { response, .. }) => {
+            let (owner, transaction) = match self.claim(&key, &request_fingerprint, &options).await {
+                Ok((Outcome::New(owner), transaction)) => (owner, transaction),
+                Ok((Outcome::Replay { response, .. }, _)) => {
                     return Ok(match lost.flatten() {
                         // It committed: the handler's answer is this request's first.
                         Some((head, body)) => Response::from_parts(head, full(body)),
@@ -303,30 +340,35 @@ impl IdempotencyLayer {
                     });
                 }
                 // The lease ended and another request took over: this run rolled back.
-                Ok(Outcome::InProgress { .. }) if lost.is_some() => return Ok(Problem::ClaimLost.response()),
-                Ok(Outcome::InProgress { retry_after }) => return Ok(Problem::InProgress { retry_after }.response()),
-                Ok(Outcome::Mismatch { .. }) => return Ok(Problem::Mismatch.response()),
+                Ok((Outcome::InProgress { .. }, _)) if lost.is_some() => return Ok(Problem::ClaimLost.response()),
+                Ok((Outcome::InProgress { retry_after }, _)) => return Ok(Problem::InProgress { retry_after }.response()),
+                Ok((Outcome::Mismatch { .. }, _)) => return Ok(Problem::Mismatch.response()),
                 Err(Error::InvalidArgument(_)) => {
                     return Ok(Problem::KeyInvalid("The Idempotency-Key is not one the store accepts.").response());
                 }
                 Err(err) if lost.is_some() => {
-                    tracing::error!("idempotency: the claim that would tell what became of key {key:?} failed: {err}");
+                    tracing::error!(
+                        "idempotency: the claim that would tell what became of key {} failed: {}",
+                        key_hash(&key),
+                        err.redacted()
+                    );
                     return Ok(lost_answer(lost));
                 }
                 Err(err) if self.fail_open && err.is_connection() => {
-                    tracing::warn!("idempotency: the database failed, running unguarded without it: {err}");
+                    tracing::warn!("idempotency: the database failed, running unguarded without it: {}", err.redacted());
                     return pass_through(inner, request.request()).await;
                 }
                 Err(err) if self.fail_open => {
-                    tracing::warn!("idempotency: the claim failed, running unguarded: {err}");
-                    return self.run_answered(inner, &request, None).await;
+                    tracing::warn!("idempotency: the claim failed, running unguarded: {}", err.redacted());
+                    return self.run_answered(inner, &request).await;
                 }
                 Err(err) => {
-                    tracing::error!("idempotency: the claim failed: {err}");
+                    tracing::error!("idempotency: the claim failed: {}", err.redacted());
                     return Ok(Problem::Unavailable.response());
                 }
             };
-            match self.run(inner.clone(), &request, Some(&owner)).await {
+            let claimed = Claimed { owner, fingerprint: &request_fingerprint, options: &options };
+            match self.run(inner.clone(), &request, Some(&claimed), transaction).await {
                 Run::Answered(answer) => return answer,
                 // Claiming again with the token tells what became of this run.
                 Run::Lost(answer) => lost = Some(answer),
@@ -336,22 +378,20 @@ impl IdempotencyLayer {
     }
 
     /// Claims on a connection of the pool; a claim whose answer was lost is
-    /// asked again (with the same token) on another connection.
-    async fn claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error> {
+    /// asked again (with the same token) on another connection. With
+    /// `one_transaction`, the claim is made in a transaction, kept open for
+    /// the handler when it answers `new`.
+    async fn claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>), Error> {
         let mut attempt = 1;
         loop {
-            let result = async {
-                let mut conn = self.pool.acquire().await?;
-                let result = claim(&mut *conn, key, fingerprint, options).await;
-                if matches!(&result, Err(err) if err.is_connection()) {
-                    conn.close_on_drop();
-                }
-                result
-            }
-            .await;
+            let result = if self.one_transaction {
+                self.begin_claim(key, fingerprint, options).await
+            } else {
+                self.claim_alone(key, fingerprint, options).await.map(|outcome| (outcome, None))
+            };
             match result {
                 Err(err) if answer_lost(&err) && attempt < CLAIM_ATTEMPTS => {
-                    tracing::warn!("idempotency: the claim's answer was lost, asking again: {err}");
+                    tracing::warn!("idempotency: the claim's answer was lost, asking again: {}", err.redacted());
                     tokio::time::sleep(CLAIM_BACKOFF * 2u32.pow(attempt - 1)).await;
                     attempt += 1;
                 }
@@ -360,14 +400,40 @@ impl IdempotencyLayer {
         }
     }
 
+    /// Claims on a connection of its own, committed at once.
+    async fn claim_alone(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let result = claim(&mut *conn, key, fingerprint, options).await;
+        if matches!(&result, Err(err) if err.is_connection()) {
+            conn.close_on_drop();
+        }
+        result
+    }
+
+    /// Begins a transaction and claims in it; the transaction is kept only
+    /// for a `new` (any other answer wrote nothing: it is rolled back
+    /// without holding up the answer).
+    async fn begin_claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>), Error> {
+        let mut transaction = self.pool.begin().await?;
+        match claim(&mut *transaction, key, fingerprint, options).await? {
+            outcome @ Outcome::New(_) => Ok((outcome, Some(transaction))),
+            outcome => {
+                tokio::spawn(async move {
+                    let _ = transaction.rollback().await;
+                });
+                Ok((outcome, None))
+            }
+        }
+    }
+
     /// Runs the handler once, for an answer whatever happens.
-    async fn run_answered<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, owner: Option<&Owner>) -> Result<Answer<ResBody>, S::Error>
+    async fn run_answered<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered) -> Result<Answer<ResBody>, S::Error>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
-        match self.run(inner, request, owner).await {
+        match self.run(inner, request, None, None).await {
             Run::Answered(answer) => answer,
             // Without a claim there is no token to ask with.
             Run::Lost(None) => Ok(Problem::RolledBack.response()),
@@ -375,18 +441,22 @@ impl IdempotencyLayer {
         }
     }
 
-    /// Runs the handler with a transaction of its own, then commits (with
-    /// the stored response, for an owner) or rolls back.
-    async fn run<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, owner: Option<&Owner>) -> Run<ResBody, S::Error>
+    /// Runs the handler with a transaction of its own (`begun` with the
+    /// claim in it, or begun when the handler first locks its `Tx`), then
+    /// commits (with the stored response, for an owner) or rolls back.
+    async fn run<S, ReqBody, ResBody>(&self, inner: S, request: &Buffered, claimed: Option<&Claimed<'_>>, begun: Option<Transaction<'static, Postgres>>) -> Run<ResBody, S::Error>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
+        let owner = claimed.map(|claimed| &claimed.owner);
         // Dropped before the end (a timeout outside the layer, a panic): the
         // transaction rolls back as it drops, and this frees the key.
-        let mut free_on_drop = FreeOnDrop { pool: self.pool.clone(), owner: owner.cloned() };
-        let loan = Loan::new(self.pool.clone());
+        // With the claim in the transaction, its rollback frees the key.
+        let claimed_apart = owner.filter(|_| !self.one_transaction);
+        let mut free_on_drop = FreeOnDrop { pool: self.pool.clone(), owner: claimed_apart.cloned() };
+        let loan = Loan::new(self.pool.clone(), begun);
         let mut handed = request.request();
         handed.extensions_mut().insert(loan.tx());
         if let Some(owner) = owner {
@@ -397,12 +467,12 @@ impl IdempotencyLayer {
         free_on_drop.owner = None;
         match answered {
             Err(err) => {
-                self.abandon(transaction, owner, None).await;
+                self.abandon(transaction, claimed, None).await;
                 Run::Answered(Err(err))
             }
             Ok((_, Err(err))) => {
                 tracing::error!("idempotency: the handler's response body failed: {err}");
-                self.abandon(transaction, owner, None).await;
+                self.abandon(transaction, claimed, None).await;
                 Run::Answered(Ok(Problem::ResponseUnreadable.response()))
             }
             Ok((head, Ok(body))) if !finished || head.status == StatusCode::REQUEST_TIMEOUT => {
@@ -411,7 +481,7 @@ impl IdempotencyLayer {
                      its work is rolled back and its key freed",
                     head.status
                 );
-                self.abandon(transaction, owner, None).await;
+                self.abandon(transaction, claimed, None).await;
                 if head.status.is_client_error() || head.status.is_server_error() {
                     Run::Answered(Ok(Response::from_parts(head, full(body))))
                 } else {
@@ -419,26 +489,26 @@ impl IdempotencyLayer {
                     Run::Answered(Ok(Problem::RolledBack.response()))
                 }
             }
-            Ok((head, Ok(body))) => self.finish(transaction, owner, head, body).await,
+            Ok((head, Ok(body))) => self.finish(transaction, claimed, head, body).await,
         }
     }
 
     /// Stores the handler's response and commits its work; rolls back a 5xx.
-    async fn finish<B, E>(&self, transaction: Option<Transaction<'static, Postgres>>, owner: Option<&Owner>, head: response::Parts, body: Bytes) -> Run<B, E> {
+    async fn finish<B, E>(&self, transaction: Option<Transaction<'static, Postgres>>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
         if head.status.is_server_error() {
-            self.abandon(transaction, owner, Some((&head, &body))).await;
+            self.abandon(transaction, claimed, Some((&head, &body))).await;
             return Run::Answered(Ok(Response::from_parts(head, full(body))));
         }
-        match (transaction, owner) {
-            (Some(transaction), owner) => self.commit(transaction, owner, head, body).await,
-            (None, Some(owner)) => self.complete_alone(owner, head, body).await,
+        match (transaction, claimed) {
+            (Some(transaction), claimed) => self.commit(transaction, claimed, head, body).await,
+            (None, Some(claimed)) => self.complete_alone(&claimed.owner, head, body).await,
             (None, None) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
         }
     }
 
     /// Commits the handler's work with its stored response.
-    async fn commit<B, E>(&self, mut transaction: Transaction<'static, Postgres>, owner: Option<&Owner>, head: response::Parts, body: Bytes) -> Run<B, E> {
-        if let Some(owner) = owner {
+    async fn commit<B, E>(&self, mut transaction: Transaction<'static, Postgres>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
+        if let Some(owner) = claimed.map(|claimed| &claimed.owner) {
             let headers = self.headers_to_store(&head);
             match owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await {
                 Ok(_) => {}
@@ -448,12 +518,12 @@ impl IdempotencyLayer {
                     return Run::Answered(Ok(Problem::ClaimLost.response()));
                 }
                 Err(err) if err.is_connection() => {
-                    tracing::warn!("idempotency: the connection broke before COMMIT: {err}");
+                    tracing::warn!("idempotency: the connection broke before COMMIT: {}", err.redacted());
                     return Run::Lost(None);
                 }
                 Err(err) => {
-                    tracing::error!("idempotency: could not store the response: {err}");
-                    self.abandon(Some(transaction), Some(owner), None).await;
+                    tracing::error!("idempotency: could not store the response: {}", err.redacted());
+                    self.abandon(Some(transaction), claimed, None).await;
                     return Run::Answered(Ok(Problem::RolledBack.response()));
                 }
             }
@@ -461,14 +531,14 @@ impl IdempotencyLayer {
         match transaction.commit().await.map_err(Error::from) {
             Ok(()) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
             Err(err) if err.is_connection() => {
-                tracing::warn!("idempotency: the answer to COMMIT was lost: {err}");
+                tracing::warn!("idempotency: the answer to COMMIT was lost: {}", err.redacted());
                 Run::Lost(Some((head, body)))
             }
             Err(err) => {
                 // The server refused the COMMIT (a deferred constraint): it rolled back.
-                tracing::error!("idempotency: COMMIT failed: {err}");
-                if let Some(owner) = owner {
-                    self.release(owner).await;
+                tracing::error!("idempotency: COMMIT failed: {}", err.redacted());
+                if let Some(claimed) = claimed.filter(|_| !self.one_transaction) {
+                    self.release(&claimed.owner).await;
                 }
                 Run::Answered(Ok(Problem::RolledBack.response()))
             }
@@ -483,11 +553,11 @@ impl IdempotencyLayer {
             Ok(_) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
             Err(Error::ClaimLost(_)) => Run::Answered(Ok(Problem::ClaimLost.response())),
             Err(err) if answer_lost(&err) => {
-                tracing::warn!("idempotency: the answer to complete was lost: {err}");
+                tracing::warn!("idempotency: the answer to complete was lost: {}", err.redacted());
                 Run::Lost(Some((head, body)))
             }
             Err(err) => {
-                tracing::error!("idempotency: could not store the response: {err}");
+                tracing::error!("idempotency: could not store the response: {}", err.redacted());
                 self.release(owner).await;
                 Run::Answered(Ok(Problem::RolledBack.response()))
             }
@@ -496,12 +566,22 @@ impl IdempotencyLayer {
 
     /// Rolls the transaction back and frees the key, so that a retry runs
     /// again. A 5xx response goes to `complete`, which releases it (or
-    /// stores it, with `idempotency.store_server_errors` on).
-    async fn abandon(&self, transaction: Option<Transaction<'static, Postgres>>, owner: Option<&Owner>, server_error: Option<(&response::Parts, &Bytes)>) {
+    /// stores it, with `idempotency.store_server_errors` on). With
+    /// `one_transaction` the rollback undid the claim: a 5xx is claimed
+    /// again (with the request's token) for `complete`.
+    async fn abandon(&self, transaction: Option<Transaction<'static, Postgres>>, claimed: Option<&Claimed<'_>>, server_error: Option<(&response::Parts, &Bytes)>) {
         if let Some(transaction) = transaction {
             let _ = transaction.rollback().await; // a broken connection rolls back too
         }
-        let Some(owner) = owner else { return };
+        let Some(claimed) = claimed else { return };
+        let owner = match (self.one_transaction, server_error) {
+            (false, _) => claimed.owner.clone(),
+            (true, None) => return,
+            (true, Some(_)) => match self.claim_alone(&claimed.owner.key, claimed.fingerprint, claimed.options).await {
+                Ok(Outcome::New(owner)) => owner,
+                _ => return, // nothing of this request is held
+            },
+        };
         if let Some((head, body)) = server_error {
             let status = head.status.as_u16();
             match owner.complete(&self.pool, status, &self.headers_to_store(head), body).await {
@@ -509,13 +589,17 @@ impl IdempotencyLayer {
                 Err(_) => {} // too large to store, say: release it
             }
         }
-        self.release(owner).await;
+        self.release(&owner).await;
     }
 
     /// Frees the key on a connection of the pool; its lease frees it otherwise.
     async fn release(&self, owner: &Owner) {
         if let Err(err) = owner.release(&self.pool).await {
-            tracing::error!("idempotency: could not release key {:?}; it frees when its lease ends: {err}", owner.key);
+            tracing::error!(
+                "idempotency: could not release key {}; it frees when its lease ends: {}",
+                key_hash(&owner.key),
+                err.redacted()
+            );
         }
     }
 
@@ -603,7 +687,10 @@ impl Drop for FreeOnDrop {
         tracing::warn!("idempotency: the request was dropped while its handler ran; freeing its key");
         runtime.spawn(async move {
             if let Err(err) = owner.release(&pool).await {
-                tracing::error!("idempotency: could not free the key of a dropped request; it frees when its lease ends: {err}");
+                tracing::error!(
+                    "idempotency: could not free the key of a dropped request; it frees when its lease ends: {}",
+                    err.redacted()
+                );
             }
         });
     }

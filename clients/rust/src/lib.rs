@@ -8,6 +8,9 @@
 //!   when the handler first locks it), and stores the response in that
 //!   transaction, so that the business writes and the stored response
 //!   commit together. It takes any request body, as tower-http's layers do.
+//!   With `one_transaction(true)` the claim is made in that transaction too.
+//!   Each call is a `tracing` span (`idempotency.claim`, `idempotency.complete`,
+//!   `idempotency.release`) that names the key only by a hash.
 //! - [`claim`], [`Owner::complete`], [`Owner::release`], [`Owner::extend`],
 //!   [`Owner::checkpoint`], [`lookup`]: the SQL API with typed outcomes on
 //!   any SQLx executor, and [`Error::ClaimLost`] for IK001.
@@ -20,6 +23,8 @@ mod fingerprint;
 mod key;
 mod layer;
 mod problem;
+mod sql;
+mod telemetry;
 mod tx;
 
 pub use body::{IdempotencyBody, RequestBody, ResponseBody};
@@ -27,7 +32,7 @@ pub use client::{ClaimOptions, Completion, Outcome, Owner, Record, State, Stored
 pub use error::Error;
 pub use fingerprint::fingerprint;
 pub use key::{IDEMPOTENCY_KEY, parse_key};
-pub use layer::{Idempotency, IdempotencyLayer, credential_scope};
+pub use layer::{Idempotency, IdempotencyLayer, ONE_TRANSACTION_WAIT, credential_scope};
 pub use tx::{Tx, TxGuard};
 
 /// The Rust snippets of README.md, compiled by `cargo test`.

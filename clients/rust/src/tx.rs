@@ -15,8 +15,9 @@ use crate::Error;
 /// rolls back) once the handler has finished. It is begun on the
 /// application's `PgPool` when the handler first locks it, so a handler
 /// that first calls another service (a payment provider) holds no
-/// connection meanwhile. It rides in the request's extensions; it is cheap
-/// to clone.
+/// connection meanwhile (with `IdempotencyLayer::one_transaction`, it is
+/// the transaction the claim was made in). It rides in the request's
+/// extensions; it is cheap to clone.
 ///
 /// In axum, take it as an extractor (`tx: Tx`, or `Option<Tx>` when the
 /// layer may fail open); elsewhere `request.extensions().get::<Tx>()`.
@@ -55,9 +56,10 @@ pub(crate) struct Loan {
 }
 
 impl Loan {
-    /// A transaction to lend, begun on `pool` when the handler first locks it.
-    pub(crate) fn new(pool: PgPool) -> Loan {
-        Loan { lent: Arc::new(Lent { pool, slot: Mutex::new(Slot::Idle), unwound: AtomicBool::new(false) }) }
+    /// A transaction to lend: `begun`, or begun on `pool` when the handler first locks it.
+    pub(crate) fn new(pool: PgPool, begun: Option<Transaction<'static, Postgres>>) -> Loan {
+        let slot = Mutex::new(begun.map_or(Slot::Idle, Slot::Open));
+        Loan { lent: Arc::new(Lent { pool, slot, unwound: AtomicBool::new(false) }) }
     }
 
     /// The handler's handle.

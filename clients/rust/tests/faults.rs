@@ -91,7 +91,7 @@ const CUT_COMPLETE: &str = "/cut?match=idempotency%5C.complete&scope=statement";
 /// A server behind the layer on the proxy's pool whose handler counts its
 /// runs, charges a row of `table` in the request's transaction, then awaits
 /// `also` and answers 201 `{"charge": id}`.
-async fn charging<F>(pool: PgPool, table: &str, runs: &Arc<AtomicUsize>, also: F) -> SocketAddr
+async fn charging<F>(layer: IdempotencyLayer, table: &str, runs: &Arc<AtomicUsize>, also: F) -> SocketAddr
 where
     F: Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Clone + Send + Sync + 'static,
 {
@@ -101,11 +101,7 @@ where
         let tx = request.extensions().get::<Tx>().cloned().expect("the layer lends a transaction");
         async move {
             runs.fetch_add(1, SeqCst);
-            let id: i64 = {
-                let mut db = tx.lock().await.unwrap();
-                let sql = format!("INSERT INTO {table} (note) VALUES ('charged') RETURNING id");
-                sqlx::query_scalar(&sql).fetch_one(&mut *db).await.unwrap()
-            };
+            let id = common::charge(&tx, &table).await;
             also().await;
             Response::builder()
                 .status(201)
@@ -114,7 +110,7 @@ where
                 .unwrap()
         }
     };
-    serve(IdempotencyLayer::new(pool), handler).await
+    serve(layer, handler).await
 }
 
 /// Nothing more for the handler to do.
@@ -146,11 +142,13 @@ struct Faulted {
 }
 
 /// Sends one request with `fault` armed; asserts that the proxy cut once
-/// and that the client got the handler's own 201.
-async fn one_fault(name: &str, fault: &str) -> Faulted {
+/// and that the client got the handler's own 201. With `one_transaction`,
+/// the claim is in the handler's transaction.
+async fn one_fault(name: &str, fault: &str, one_transaction: bool) -> Faulted {
     let proxy = FaultProxy::start();
     let (table, runs) = table_and_counter(name).await;
-    let address = charging(proxy.pool(), &table, &runs, nothing).await;
+    let layer = IdempotencyLayer::new(proxy.pool()).one_transaction(one_transaction);
+    let address = charging(layer, &table, &runs, nothing).await;
     proxy.command(fault).await;
     let key = unique("k");
     let reply = post(address, &key, b"{}", &[]).await;
@@ -162,15 +160,17 @@ async fn one_fault(name: &str, fault: &str) -> Faulted {
 
 #[tokio::test]
 async fn a_claim_whose_answer_was_lost_is_asked_again_and_the_handler_runs_once() {
-    let lost = one_fault("lost_claim", CUT_CLAIM).await;
-    assert_eq!((lost.runs.load(SeqCst), count_rows(&connect().await, &lost.table).await), (1, 1));
+    for one_transaction in [false, true] {
+        let lost = one_fault("lost_claim", CUT_CLAIM, one_transaction).await;
+        assert_eq!((lost.runs.load(SeqCst), count_rows(&connect().await, &lost.table).await), (1, 1));
+    }
 }
 
 #[tokio::test]
 async fn a_claim_lost_every_time_is_a_503_that_says_the_request_did_not_run() {
     let proxy = FaultProxy::start();
     let (table, runs) = table_and_counter("lost_claims").await;
-    let address = charging(proxy.pool(), &table, &runs, nothing).await;
+    let address = charging(IdempotencyLayer::new(proxy.pool()), &table, &runs, nothing).await;
     proxy.command(&format!("{CUT_CLAIM}&times=4")).await;
     let reply = post(address, &unique("k"), b"{}", &[]).await;
     assert_eq!(proxy.cuts().await, 4, "each of the 4 claims lost its answer");
@@ -181,7 +181,14 @@ async fn a_claim_lost_every_time_is_a_503_that_says_the_request_did_not_run() {
 
 #[tokio::test]
 async fn a_commit_whose_answer_was_lost_answers_the_handlers_response_once() {
-    let lost = one_fault("lost_commit", CUT_COMMIT).await;
+    for one_transaction in [false, true] {
+        commit_answer_lost(one_transaction).await;
+    }
+}
+
+/// A COMMIT's answer lost: the handler's own response, once.
+async fn commit_answer_lost(one_transaction: bool) {
+    let lost = one_fault("lost_commit", CUT_COMMIT, one_transaction).await;
     let db = connect().await;
     let charged: i64 = sqlx::query_scalar(&format!("SELECT max(id) FROM {}", lost.table)).fetch_one(&db).await.unwrap();
     assert_eq!(lost.reply.json(), serde_json::json!({ "charge": charged }), "the committed charge's answer");
@@ -193,9 +200,11 @@ async fn a_commit_whose_answer_was_lost_answers_the_handlers_response_once() {
 
 #[tokio::test]
 async fn a_connection_lost_before_the_commit_runs_the_handler_again() {
-    let lost = one_fault("lost_complete", CUT_COMPLETE).await;
-    assert_eq!(lost.runs.load(SeqCst), 2, "the first run rolled back, so it ran again");
-    assert_eq!(count_rows(&connect().await, &lost.table).await, 1, "one charge committed");
+    for one_transaction in [false, true] {
+        let lost = one_fault("lost_complete", CUT_COMPLETE, one_transaction).await;
+        assert_eq!(lost.runs.load(SeqCst), 2, "the first run rolled back, so it ran again");
+        assert_eq!(count_rows(&connect().await, &lost.table).await, 1, "one charge committed");
+    }
 }
 
 #[tokio::test]
@@ -215,7 +224,7 @@ async fn a_commit_lost_with_no_claim_to_tell_is_a_503_that_does_not_say_nothing_
         .max_connections(1)
         .acquire_timeout(std::time::Duration::from_secs(2))
         .connect_lazy_with(proxy.options());
-    let address = charging(pool, &table, &runs, also).await;
+    let address = charging(IdempotencyLayer::new(pool), &table, &runs, also).await;
     proxy.command(CUT_COMMIT).await;
     let key = unique("k");
     let reply = post(address, &key, b"{}", &[]).await;

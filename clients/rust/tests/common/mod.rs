@@ -66,6 +66,13 @@ pub async fn count_rows(db: &PgPool, table: &str) -> i64 {
     sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(db).await.unwrap()
 }
 
+/// Charges a row of `table` (see [`create_table`]) in the request's transaction; its id.
+pub async fn charge(tx: &pg_idempotency::Tx, table: &str) -> i64 {
+    let mut db = tx.lock().await.unwrap();
+    let sql = format!("INSERT INTO {table} (note) VALUES ('charged') RETURNING id");
+    sqlx::query_scalar(&sql).fetch_one(&mut *db).await.unwrap()
+}
+
 /// Serves `handler` (for every method and path) in an axum Router behind
 /// `layer` on a free port of 127.0.0.1, for as long as the test's runtime
 /// lives; returns the address.
