@@ -30,8 +30,8 @@ class IdempotencyMiddleware:
         """pool: an open psycopg_pool.AsyncConnectionPool; options: see contract.Options."""
         self.app = app
         self.pool = pool
-        self.client = AsyncClient(pool)
         self.options = contract.Options(**options)
+        self.client = AsyncClient(pool, tracer_provider=self.options.tracer_provider)
 
     async def __call__(self, scope, receive, send):
         """Serves one ASGI connection: covered HTTP requests are guarded."""

@@ -19,6 +19,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from .telemetry import Telemetry, outcome, release_outcome
+
 Interval = Union[str, timedelta, None]
 
 CLAIM = """SELECT * FROM idempotency.claim(%s, %s, scope => %s, lease => %s::interval,
@@ -90,9 +92,11 @@ def _idle(conn) -> bool:
 class Client:
     """The extension's functions on a psycopg_pool.ConnectionPool (blocking)."""
 
-    def __init__(self, pool):
-        """pool: a psycopg_pool.ConnectionPool on a database with the extension."""
+    def __init__(self, pool, *, tracer_provider=None):
+        """pool: a psycopg_pool.ConnectionPool on a database with the
+        extension; tracer_provider: OpenTelemetry's (None: the global one)."""
         self.pool = pool
+        self.telemetry = Telemetry(tracer_provider)
 
     def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
               lease: Interval = None, retention: Interval = None, wait: Interval = None,
@@ -101,20 +105,29 @@ class Client:
         default without conn) so that a concurrent retry sees it. token: this
         attempt's id; claimed again with it, the live claim it made answers
         new again with the same fence (its answer was lost)."""
-        return self._call(conn, commit, CLAIM,
-                          (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
+        with self.telemetry.span("claim", key) as span:
+            claim = self._call(conn, commit, CLAIM,
+                               (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
+            outcome(span, claim.outcome, claim.attempt)
+            return claim
 
     def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
                  headers: Optional[dict] = None, *, scope: Optional[str] = None,
                  conn=None, commit: bool = False) -> str:
         """Stores the response: 'stored', or 'released' for a 5xx; ClaimLost when the fence lost."""
-        return self._call(conn, commit, COMPLETE,
-                          (key, fence, status_code, body, _json(headers), scope))
+        with self.telemetry.span("complete", key) as span:
+            answer = self._call(conn, commit, COMPLETE,
+                                (key, fence, status_code, body, _json(headers), scope))
+            outcome(span, answer)
+            return answer
 
     def release(self, key: str, fence: int, *, scope: Optional[str] = None,
                 conn=None, commit: bool = False) -> bool:
         """Frees the key for the next retry; False when this fence no longer owns it."""
-        return self._call(conn, commit, RELEASE, (key, fence, scope))
+        with self.telemetry.span("release", key) as span:
+            released = self._call(conn, commit, RELEASE, (key, fence, scope))
+            outcome(span, release_outcome(released))
+            return released
 
     def extend(self, key: str, fence: int, lease: Interval = None, *,
                scope: Optional[str] = None, conn=None, commit: bool = False) -> datetime:
@@ -167,28 +180,40 @@ class Client:
 class AsyncClient:
     """The same functions on a psycopg_pool.AsyncConnectionPool (asyncio)."""
 
-    def __init__(self, pool):
-        """pool: a psycopg_pool.AsyncConnectionPool on a database with the extension."""
+    def __init__(self, pool, *, tracer_provider=None):
+        """pool: a psycopg_pool.AsyncConnectionPool on a database with the
+        extension; tracer_provider: OpenTelemetry's (None: the global one)."""
         self.pool = pool
+        self.telemetry = Telemetry(tracer_provider)
 
     async def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
                     lease: Interval = None, retention: Interval = None, wait: Interval = None,
                     token: Optional[UUID] = None, conn=None, commit: bool = False) -> Claim:
         """As Client.claim."""
-        return await self._call(conn, commit, CLAIM,
-                                (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
+        with self.telemetry.span("claim", key) as span:
+            claim = await self._call(conn, commit, CLAIM,
+                                     (key, fingerprint, scope, lease, retention, wait, token),
+                                     class_row(Claim))
+            outcome(span, claim.outcome, claim.attempt)
+            return claim
 
     async def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
                        headers: Optional[dict] = None, *, scope: Optional[str] = None,
                        conn=None, commit: bool = False) -> str:
         """As Client.complete."""
-        return await self._call(conn, commit, COMPLETE,
-                                (key, fence, status_code, body, _json(headers), scope))
+        with self.telemetry.span("complete", key) as span:
+            answer = await self._call(conn, commit, COMPLETE,
+                                      (key, fence, status_code, body, _json(headers), scope))
+            outcome(span, answer)
+            return answer
 
     async def release(self, key: str, fence: int, *, scope: Optional[str] = None,
                       conn=None, commit: bool = False) -> bool:
         """As Client.release."""
-        return await self._call(conn, commit, RELEASE, (key, fence, scope))
+        with self.telemetry.span("release", key) as span:
+            released = await self._call(conn, commit, RELEASE, (key, fence, scope))
+            outcome(span, release_outcome(released))
+            return released
 
     async def extend(self, key: str, fence: int, lease: Interval = None, *,
                      scope: Optional[str] = None, conn=None, commit: bool = False) -> datetime:

@@ -84,6 +84,7 @@ class Options:
     retention: Interval = None
     store_headers: Iterable[str] = ("Content-Type", "Location")
     scope: Optional[Callable[[Any], str]] = None
+    tracer_provider: Any = None
 
     def __post_init__(self):
         """Normalises the case of methods and header names."""

@@ -36,6 +36,7 @@ from django.utils.module_loading import import_string
 
 from . import contract
 from .client import CLAIM, COMPLETE, RELEASE, Claim, _json
+from .telemetry import Telemetry, outcome, release_outcome
 
 IK001 = "IK001"
 
@@ -59,7 +60,8 @@ class _Step(NamedTuple):
 class IdempotencyMiddleware:
     """Guards the project's POST and PATCH requests with Idempotency-Key.
     Settings: IDEMPOTENCY, a dict of contract.Options and "using" (the
-    database alias, default "default"); "scope" may be a dotted path."""
+    database alias, default "default"); "scope" and "tracer_provider" may
+    be dotted paths."""
 
     sync_capable = True
     async_capable = True
@@ -72,9 +74,11 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
         options = dict(getattr(settings, "IDEMPOTENCY", {}))
         self.using = options.pop("using", "default")
-        if isinstance(options.get("scope"), str):
-            options["scope"] = import_string(options["scope"])
+        for name in ("scope", "tracer_provider"):
+            if isinstance(options.get(name), str):
+                options[name] = import_string(options[name])
         self.options = contract.Options(**options)
+        self.telemetry = Telemetry(self.options.tracer_provider)
 
     def __call__(self, request):
         """Serves one request: covered methods are guarded."""
@@ -200,9 +204,7 @@ class IdempotencyMiddleware:
         if failed:
             transaction.set_rollback(True, using=self.using)
         elif pending.fence is not None:
-            self._call(COMPLETE, pending.key, pending.fence, response.status_code, body,
-                       _json(contract.headers_to_store(response.items(), self.options)),
-                       pending.scope)
+            self._complete(pending, response.status_code, body, response.items())
         return failed
 
     def _settle(self, request, pending: contract.Pending, attempt: _Attempt) -> _Step:
@@ -247,8 +249,7 @@ class IdempotencyMiddleware:
             return
         if failed is not None:
             try:
-                self._call(COMPLETE, pending.key, pending.fence, failed.status, failed.body,
-                           _json(contract.headers_to_store(failed.headers, self.options)), pending.scope)
+                self._complete(pending, failed.status, failed.body, failed.headers)
                 return
             except DatabaseError as err:
                 if _sqlstate(err) == IK001:
@@ -256,7 +257,8 @@ class IdempotencyMiddleware:
                 contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
                                    pending.key, failed.status, err)
         try:
-            self._call(RELEASE, pending.key, pending.fence, pending.scope)
+            with self.telemetry.span("release", pending.key) as span:
+                outcome(span, release_outcome(self._call(RELEASE, pending.key, pending.fence, pending.scope)))
         except DatabaseError as err:
             contract.log.error("idempotency: could not release %r: %s", pending.key, err)
 
@@ -278,6 +280,13 @@ class IdempotencyMiddleware:
 
     def _claim_once(self, pending: contract.Pending) -> Claim:
         """One claim on Django's connection."""
+        with self.telemetry.span("claim", pending.key) as span:
+            claim = self._claim_row(pending)
+            outcome(span, claim.outcome, claim.attempt)
+            return claim
+
+    def _claim_row(self, pending: contract.Pending) -> Claim:
+        """Runs claim on Django's connection; returns its row."""
         with connections[self.using].cursor() as cursor:
             cursor.execute(CLAIM, (pending.key, pending.fingerprint, pending.scope, self.options.lease,
                                    self.options.retention, None, pending.token))
@@ -287,6 +296,14 @@ class IdempotencyMiddleware:
         if row["body"] is not None:
             row["body"] = bytes(row["body"])
         return Claim(**row)
+
+    def _complete(self, pending: contract.Pending, status: int, body: bytes, headers) -> str:
+        """Stores a response with complete() on Django's connection."""
+        with self.telemetry.span("complete", pending.key) as span:
+            answer = self._call(COMPLETE, pending.key, pending.fence, status, body,
+                                _json(contract.headers_to_store(headers, self.options)), pending.scope)
+            outcome(span, answer)
+            return answer
 
     def _call(self, sql: str, *params):
         """Runs one of the extension's functions on Django's connection."""

@@ -31,8 +31,8 @@ class Idempotency:
     def __init__(self, app=None, *, pool, **options):
         """pool: a psycopg_pool.ConnectionPool; options: see contract.Options."""
         self.pool = pool
-        self.client = Client(pool)
         self.options = contract.Options(**options)
+        self.client = Client(pool, tracer_provider=self.options.tracer_provider)
         if app is not None:
             self.init_app(app)
 
