@@ -113,6 +113,16 @@ def test_a_timeout_outside_rolls_the_cancelled_handler_back_and_frees_the_key(as
     assert pay(client, "t-1", {"amount": 1}).status_code == 201
 
 
+def test_a_timeout_inside_that_answers_408_rolls_the_cancelled_handler_back_and_frees_the_key(asgi, admin):
+    client = asgi(inner=[(Timeout, {"seconds": 3, "status": 408})])
+    # The handler charges, then is cancelled while it waits.
+    assert pay(client, "t-408", {"amount": 2, "after_ms": 60_000}).status_code == 408
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+    assert pay(client, "t-408", {"amount": 2}).status_code == 201
+    assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
 def test_a_timeout_inside_answers_5xx_so_the_handlers_writes_roll_back(asgi, admin):
     client = asgi(inner=[(Timeout, {"seconds": 3})])
     assert pay(client, "t-2", {"amount": 2, "delay_ms": 60_000}).status_code == 504

@@ -93,3 +93,13 @@ def test_a_view_cancelled_by_the_clients_disconnect_commits_nothing_and_frees_th
     assert value(admin, "SELECT count(*) FROM charges") == 0
     retry = pay(client, "gone-1", {"amount": 6}, path="/async/payments")
     assert retry.status_code == 201 and "idempotent-replayed" not in retry.headers
+
+
+def test_a_timeout_inside_that_answers_408_rolls_the_cancelled_view_back_and_frees_the_key(client, admin):
+    # The view charges, then is cancelled while it waits; test_django.Timeout answers 408.
+    headers = {**ALICE, "Idempotency-Key": "t-408", "X-Timeout": "2"}
+    timed_out = client.post("/async/payments", json={"amount": 3, "delay_ms": 60_000}, headers=headers)
+    assert timed_out.status_code == 408
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+    assert pay(client, "t-408", {"amount": 3}, path="/async/payments").status_code == 201

@@ -179,6 +179,14 @@ def test_a_server_error_rolls_back_and_releases_the_key(serve, admin, failure, s
     assert value(admin, "SELECT count(*) FROM charges") == 0
 
 
+def test_a_408_says_the_handler_did_not_finish_its_writes_roll_back_and_the_key_is_free(serve, admin):
+    client = serve(conninfo=with_settings(store_server_errors="on"))
+    assert pay(client, "k-408", {"amount": 8, "status": 408}).status_code == 408
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+    assert pay(client, "k-408", {"amount": 8}).status_code == 201
+
+
 def test_with_store_server_errors_a_server_error_is_stored_and_replayed(serve, admin):
     client = serve(conninfo=with_settings(store_server_errors="on"))
     first = pay(client, "fail-2", {"amount": 40, "fail": True})

@@ -102,8 +102,8 @@ class IdempotencyMiddleware:
             except BaseException:
                 await self._abandon(held.conn, pending)
                 raise
-            if answer.status >= 500:
-                await self._abandon(held.conn, pending, answer)
+            if contract.unfinished(answer.status) or answer.status >= 500:
+                await self._abandon(held.conn, pending, None if answer.status < 500 else answer)
                 return answer
             try:
                 await self._commit(held.conn, pending, answer)

@@ -247,6 +247,23 @@ def refused_key(err: psycopg.Error) -> Optional[Answer]:
     return None
 
 
+# 408 Request Timeout: what a timeout layer inside the middleware answers
+# after it cancelled the handler (a layer's answer looks like the handler's
+# to the middleware otherwise). A handler that finished does not answer
+# that the request timed out; if one does, its retry runs again.
+UNFINISHED = frozenset({408})
+
+
+def unfinished(status: int) -> bool:
+    """True when a response says the handler did not finish: it never commits
+    the handler's writes and is never stored; the key is released."""
+    if status in UNFINISHED:
+        log.warning("idempotency: a %d says the handler did not finish: "
+                    "its writes roll back and its key is released", status)
+        return True
+    return False
+
+
 def answer_claim(claim: Claim) -> Optional[Answer]:
     """Answers a claim that did not win (replay, in_progress, mismatch); None for new."""
     if claim.outcome == "new":

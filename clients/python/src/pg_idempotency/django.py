@@ -214,9 +214,10 @@ class IdempotencyMiddleware:
         err = attempt.error
         if err is None:
             if attempt.failed:
+                status = attempt.response.status_code
                 raised = getattr(request, "_idempotency_raised", False)
-                self._abandon(pending, None if raised else contract.Answer(
-                    attempt.response.status_code, list(attempt.response.items()), attempt.body))
+                self._abandon(pending, None if raised or status < 500 else contract.Answer(
+                    status, list(attempt.response.items()), attempt.body))
             return _Step(attempt.response)
         if _sqlstate(err) == IK001:
             return _Step(_response(contract.claim_lost()))
@@ -313,8 +314,10 @@ class IdempotencyMiddleware:
 
 
 def _failed(request, response) -> bool:
-    """True when the view raised or answered 5xx: its writes roll back."""
-    return getattr(request, "_idempotency_raised", False) or response.status_code >= 500
+    """True when the view raised, answered 5xx, or did not finish (a 408
+    from a timeout inside): its writes roll back."""
+    return (getattr(request, "_idempotency_raised", False) or response.status_code >= 500
+            or contract.unfinished(response.status_code))
 
 
 def _content(response) -> bytes:

@@ -139,6 +139,8 @@ class Idempotency:
                 contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again",
                                      pending.key)
                 response = current_app.make_response(current_app.dispatch_request())
+            if contract.unfinished(response.status_code):
+                return response    # _teardown rolls back and releases the key
             if response.status_code >= 500:
                 # _teardown ends it: there Flask says whether the view raised.
                 g.idempotency_failed = contract.Answer(
