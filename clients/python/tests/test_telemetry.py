@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import test_django
@@ -129,6 +130,15 @@ def test_a_5xx_is_traced_as_the_complete_that_released_it(serve, exporter):
     assert pay(client, KEY, {"amount": AMOUNT, "fail": True}).status_code == 500
     found = spans(exporter, 2)
     assert summary(found) == [("idempotency.claim", "new"), ("idempotency.complete", "released")]
+    check_attributes(found)
+
+
+def test_a_5xx_kept_by_store_server_errors_is_traced_as_stored(serve, exporter):
+    client = serve(tracer_provider=exporter.provider,
+                   conninfo=make_conninfo(DATABASE_URL, options="-c idempotency.store_server_errors=on"))
+    assert pay(client, KEY, {"amount": AMOUNT, "fail": True}).status_code == 500
+    found = spans(exporter, 2)
+    assert summary(found) == [("idempotency.claim", "new"), ("idempotency.complete", "stored")]
     check_attributes(found)
 
 

@@ -27,6 +27,15 @@ CLAIM = """SELECT * FROM idempotency.claim(%s, %s, scope => %s, lease => %s::int
                                           retention => %s::interval, wait => %s::interval,
                                           token => %s::uuid)"""
 COMPLETE = "SELECT idempotency.complete(%s, %s, %s, %s, %s, %s)"
+# With one transaction, after a 5xx rolled the claim back with the rest:
+# claims the key again and stores the 5xx in one statement, when
+# idempotency.store_server_errors is on (else it does nothing: the key is free).
+KEEP_SERVER_ERROR = """SELECT idempotency.complete(%(key)s, c.fence, %(status)s, %(body)s, %(headers)s,
+                                               %(scope)s)
+  FROM idempotency.claim(%(key)s, %(fingerprint)s, scope => %(scope)s, lease => %(lease)s::interval,
+                         retention => %(retention)s::interval, wait => %(wait)s::interval) AS c
+ WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean
+   AND c.outcome OPERATOR(pg_catalog.=) 'new'"""
 RELEASE = "SELECT idempotency.release(%s, %s, %s)"
 EXTEND = "SELECT idempotency.extend(%s, %s, %s::interval, %s)"
 CHECKPOINT = "SELECT idempotency.checkpoint(%s, %s, %s, %s, %s)"
@@ -79,9 +88,21 @@ def _json(value: Any) -> Optional[Jsonb]:
     return None if value is None else Jsonb(value)
 
 
+def _kept(key, fingerprint, status, body, headers, scope, lease, retention, wait) -> dict:
+    """The parameters of KEEP_SERVER_ERROR."""
+    return {"key": key, "fingerprint": fingerprint, "status": status, "body": body,
+            "headers": _json(headers), "scope": scope, "lease": lease, "retention": retention,
+            "wait": wait}
+
+
 def _first_column(_cursor):
     """A row factory: each row is the value of its one column."""
     return lambda values: values[0]
+
+
+def _pipelines() -> bool:
+    """True when libpq has pipeline mode (14 or later)."""
+    return psycopg.Pipeline.is_supported()
 
 
 def _idle(conn) -> bool:
@@ -100,14 +121,17 @@ class Client:
 
     def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
               lease: Interval = None, retention: Interval = None, wait: Interval = None,
-              token: Optional[UUID] = None, conn=None, commit: bool = False) -> Claim:
+              token: Optional[UUID] = None, conn=None, commit: bool = False,
+              begin: bool = False) -> Claim:
         """Claims key: see Claim.outcome. Commit the claim at once (the
         default without conn) so that a concurrent retry sees it. token: this
         attempt's id; claimed again with it, the live claim it made answers
-        new again with the same fence (its answer was lost)."""
+        new again with the same fence (its answer was lost). begin, with
+        conn and commit: opens conn's next transaction in the same round trip."""
         with self.telemetry.span("claim", key) as span:
             claim = self._call(conn, commit, CLAIM,
-                               (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
+                               (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim),
+                               begin)
             outcome(span, claim.outcome, claim.attempt)
             return claim
 
@@ -119,6 +143,20 @@ class Client:
             answer = self._call(conn, commit, COMPLETE,
                                 (key, fence, status_code, body, _json(headers), scope))
             outcome(span, answer)
+            return answer
+
+    def keep_server_error(self, key: str, fingerprint: bytes, status_code: int, body: Optional[bytes],
+                          headers: Optional[dict], *, scope: Optional[str] = None,
+                          lease: Interval = None, retention: Interval = None, wait: Interval = None,
+                          conn=None) -> Optional[str]:
+        """After a 5xx in one transaction (the claim rolled back with it):
+        stores the 5xx under a claim of its own, committed at once, when
+        idempotency.store_server_errors is on; None when it is off or
+        another request holds the key."""
+        with self.telemetry.span("complete", key) as span:
+            answer = self._call(conn, True, KEEP_SERVER_ERROR, _kept(
+                key, fingerprint, status_code, body, headers, scope, lease, retention, wait))
+            outcome(span, answer or "released")   # not kept: the key is free
             return answer
 
     def release(self, key: str, fence: int, *, scope: Optional[str] = None,
@@ -144,26 +182,39 @@ class Client:
         """Returns the record as claim would see it, or None (read only)."""
         return self._call(conn, False, LOOKUP, (key, scope), class_row(Record))
 
-    def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column):
+    def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column,
+              begin: bool = False):
         """Runs one function on conn, or alone on a connection of the pool."""
         if conn is None:
             with self.pool.connection() as conn:
                 return self._call(conn, True, sql, params, row_factory)
         try:
-            return self._execute(conn, commit, sql, params, row_factory)
+            return self._execute(conn, commit, sql, params, row_factory, begin)
         except psycopg.Error as err:
             if err.sqlstate == "IK001":
                 raise ClaimLost(str(err)) from err
             raise
 
     @staticmethod
-    def _execute(conn, commit: bool, sql: str, params: tuple, row_factory):
-        """Executes sql; with commit, commits conn's transaction in the same round trip.
+    def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
+        """Executes sql; with commit, commits conn's transaction in the same
+        round trip (with begin too: and opens the next one, out of autocommit).
         Never as a prepared statement: behind pgbouncer in transaction mode
         the next transaction may run on a server connection without it."""
         cur = conn.cursor(row_factory=row_factory)
+        if not commit and not conn.autocommit and _idle(conn) and _pipelines():
+            # The BEGIN that opens the transaction travels with the statement.
+            with conn.pipeline():
+                cur.execute(sql, params, prepare=False)
+            return cur.fetchone()
         if not commit or conn.autocommit:
             return cur.execute(sql, params, prepare=False).fetchone()
+        if begin and not conn.autocommit and _pipelines():
+            with conn.pipeline():
+                cur.execute(sql, params, prepare=False)
+                conn.execute("COMMIT", prepare=False)
+                conn.execute("BEGIN", prepare=False)
+            return cur.fetchone()
         if _idle(conn):
             # A statement alone commits by itself: no BEGIN, no COMMIT.
             conn.autocommit = True
@@ -188,12 +239,13 @@ class AsyncClient:
 
     async def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
                     lease: Interval = None, retention: Interval = None, wait: Interval = None,
-                    token: Optional[UUID] = None, conn=None, commit: bool = False) -> Claim:
+                    token: Optional[UUID] = None, conn=None, commit: bool = False,
+                    begin: bool = False) -> Claim:
         """As Client.claim."""
         with self.telemetry.span("claim", key) as span:
             claim = await self._call(conn, commit, CLAIM,
                                      (key, fingerprint, scope, lease, retention, wait, token),
-                                     class_row(Claim))
+                                     class_row(Claim), begin)
             outcome(span, claim.outcome, claim.attempt)
             return claim
 
@@ -205,6 +257,18 @@ class AsyncClient:
             answer = await self._call(conn, commit, COMPLETE,
                                       (key, fence, status_code, body, _json(headers), scope))
             outcome(span, answer)
+            return answer
+
+    async def keep_server_error(self, key: str, fingerprint: bytes, status_code: int,
+                                body: Optional[bytes], headers: Optional[dict], *,
+                                scope: Optional[str] = None, lease: Interval = None,
+                                retention: Interval = None, wait: Interval = None,
+                                conn=None) -> Optional[str]:
+        """As Client.keep_server_error."""
+        with self.telemetry.span("complete", key) as span:
+            answer = await self._call(conn, True, KEEP_SERVER_ERROR, _kept(
+                key, fingerprint, status_code, body, headers, scope, lease, retention, wait))
+            outcome(span, answer or "released")   # not kept: the key is free
             return answer
 
     async def release(self, key: str, fence: int, *, scope: Optional[str] = None,
@@ -230,24 +294,35 @@ class AsyncClient:
         """As Client.lookup."""
         return await self._call(conn, False, LOOKUP, (key, scope), class_row(Record))
 
-    async def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column):
+    async def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column,
+                    begin: bool = False):
         """As Client._call."""
         if conn is None:
             async with self.pool.connection() as conn:
                 return await self._call(conn, True, sql, params, row_factory)
         try:
-            return await self._execute(conn, commit, sql, params, row_factory)
+            return await self._execute(conn, commit, sql, params, row_factory, begin)
         except psycopg.Error as err:
             if err.sqlstate == "IK001":
                 raise ClaimLost(str(err)) from err
             raise
 
     @staticmethod
-    async def _execute(conn, commit: bool, sql: str, params: tuple, row_factory):
+    async def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
         """As Client._execute."""
         cur = conn.cursor(row_factory=row_factory)
+        if not commit and not conn.autocommit and _idle(conn) and _pipelines():
+            async with conn.pipeline():
+                await cur.execute(sql, params, prepare=False)
+            return await cur.fetchone()
         if not commit or conn.autocommit:
             return await (await cur.execute(sql, params, prepare=False)).fetchone()
+        if begin and not conn.autocommit and _pipelines():
+            async with conn.pipeline():
+                await cur.execute(sql, params, prepare=False)
+                await conn.execute("COMMIT", prepare=False)
+                await conn.execute("BEGIN", prepare=False)
+            return await cur.fetchone()
         if _idle(conn):
             await conn.set_autocommit(True)
             try:

@@ -85,11 +85,32 @@ class Options:
     store_headers: Iterable[str] = ("Content-Type", "Location")
     scope: Optional[Callable[[Any], str]] = None
     tracer_provider: Any = None
+    one_transaction: bool = False
+    wait: Interval = None
 
     def __post_init__(self):
-        """Normalises the case of methods and header names."""
+        """Normalises the case of methods and header names; one transaction
+        needs a positive wait (2 seconds unless given)."""
         self.methods = frozenset(m.upper() for m in self.methods)
         self.store_headers = frozenset(h.lower() for h in self.store_headers)
+        if self.one_transaction:
+            if self.wait is None:
+                self.wait = ONE_TRANSACTION_WAIT
+            if not _positive(self.wait):
+                raise ValueError("one_transaction needs a positive wait: a duplicate would "
+                                 "otherwise wait for the first without a bound")
+
+
+# How long, with one transaction, a duplicate waits for the request it
+# repeats to commit or roll back before it answers 409.
+ONE_TRANSACTION_WAIT = "2 seconds"
+
+
+def _positive(interval: Interval) -> bool:
+    """True for a timedelta above zero, or an interval's text with a digit other than 0."""
+    if isinstance(interval, timedelta):
+        return interval > timedelta(0)
+    return any(c in "123456789" for c in str(interval))
 
 
 def parse_key(values: Sequence[str]) -> Optional[str]:
@@ -232,6 +253,25 @@ def outcome_unknown(err: BaseException) -> Answer:
     return problem("idempotency_unavailable",
                    "The idempotency store was lost before this request's outcome was known; "
                    "retry it: it is replayed if it completed.", retry_after=1)
+
+
+def after_lost_commit(claim: Claim, answer: Answer, options: Options) -> Answer:
+    """The answer when a claim asked again after a lost COMMIT is not new:
+    replay, it committed (two transactions: the claim was ours, so this is
+    the handler's answer; one: the stored response, perhaps a duplicate's);
+    otherwise another request took the key (two transactions: 409 claim
+    lost; one: its claim's answer, 409 in progress)."""
+    if options.one_transaction:
+        return answer_claim(claim)
+    return answer if claim.outcome == "replay" else claim_lost()
+
+
+def server_error(pending: Pending, failed: Answer, options: Options) -> dict:
+    """The arguments of keep_server_error() for a 5xx in one transaction."""
+    return {"key": pending.key, "fingerprint": pending.fingerprint, "status_code": failed.status,
+            "body": failed.body, "headers": headers_to_store(failed.headers, options),
+            "scope": pending.scope, "lease": options.lease, "retention": options.retention,
+            "wait": options.wait}
 
 
 def claim_lost() -> Answer:

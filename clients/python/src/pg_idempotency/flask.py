@@ -92,13 +92,17 @@ class Idempotency:
         self.pool.putconn(conn)
 
     def _claim(self, pending: contract.Pending) -> Claim:
-        """Claims with the request's token on a fresh g.db, committed at once;
-        when the answer is lost, asks again on another (contract.CLAIM_BACKOFF)."""
+        """Claims with the request's token on a fresh g.db, committed at once
+        (with one transaction: BEGIN and the claim, in one round trip, left
+        open for the view); when the answer is lost, asks again on another
+        (contract.CLAIM_BACKOFF)."""
         for pause in (*contract.CLAIM_BACKOFF, None):
             try:
                 return self.client.claim(pending.key, pending.fingerprint, scope=pending.scope,
                                          lease=self.options.lease, retention=self.options.retention,
-                                         token=pending.token, conn=self._take(), commit=True)
+                                         wait=self.options.wait, token=pending.token,
+                                         conn=self._take(), commit=not self.options.one_transaction,
+                                         begin=True)
             except psycopg.Error as err:
                 if pause is None or not contract.answer_lost(err):
                     raise
@@ -160,10 +164,10 @@ class Idempotency:
                 claim = self._claim(pending)
             except psycopg.Error as again:
                 return _done(_response(contract.outcome_unknown(again)))
-            if claim.outcome == "replay":
-                return _done(response)      # it committed: this is the response stored
-            if claim.outcome != "new":      # another request took the key over
-                return _done(_response(contract.claim_lost()))
+            if claim.outcome != "new":
+                answer = contract.Answer(response.status_code, [], b"")
+                after = contract.after_lost_commit(claim, answer, self.options)
+                return _done(response if after is answer else _response(after))
             pending = g.idempotency = pending._replace(fence=claim.fence)
         return _response(contract.outcome_unknown(lost))    # _teardown releases the claim
 
@@ -181,7 +185,9 @@ class Idempotency:
         """Rolls the view's writes back and ends the claim: a 5xx response
         (failed) goes to complete, which releases the key or, with
         idempotency.store_server_errors on, stores the response; otherwise,
-        or when complete fails, the key is released for the next retry."""
+        or when complete fails, the key is released for the next retry.
+        With one transaction the claim rolled back with the writes: only a
+        5xx kept by that setting is written."""
         try:
             conn.rollback()
         except psycopg.Error as err:
@@ -190,6 +196,15 @@ class Idempotency:
             contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
             conn = None
         if pending.fence is None:
+            return
+        if self.options.one_transaction:
+            if failed is not None:
+                try:
+                    kept = contract.server_error(pending, failed, self.options)
+                    self.client.keep_server_error(conn=conn, **kept)
+                except psycopg.Error as err:
+                    contract.log.error("idempotency: could not keep the %d of %r: %s",
+                                       failed.status, pending.key, err)
             return
         if failed is not None:
             try:
