@@ -152,6 +152,14 @@ def tenant_scope(request):
     return "tenant-7"
 
 
+@pytest.fixture(autouse=True, params=["two transactions", "one transaction"])
+def mode(request):
+    """Each test runs in both modes of the middleware (a test that sets
+    IDEMPOTENCY itself runs in the mode it sets)."""
+    with override_settings(IDEMPOTENCY={"one_transaction": request.param == "one transaction"}):
+        yield request.param
+
+
 @pytest.fixture
 def client():
     """Django's test client; a view that raises is answered 500, as in production."""
@@ -256,7 +264,9 @@ def test_other_methods_pass_through_outside_a_transaction(client, admin):
     assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
 
 
-def test_a_retry_while_the_first_runs_is_409(admin):
+def test_a_retry_while_the_first_runs_is_409(admin, mode):
+    if mode == "one transaction":
+        pytest.skip("the claim is not seen until it commits: test_one_transaction_*")
     slow = {"amount": 30, "delay_ms": 1500}
     done = []
     thread = threading.Thread(target=lambda: (done.append(pay(DjangoClient(), "slow-1", slow)),
@@ -309,7 +319,9 @@ def test_a_response_that_cannot_be_stored_rolls_the_views_writes_back(client, ad
     assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0, "released"
 
 
-def test_a_claim_lost_while_the_view_ran_rolls_back_and_is_409(client, admin):
+def test_a_claim_lost_while_the_view_ran_rolls_back_and_is_409(client, admin, mode):
+    if mode == "one transaction":
+        pytest.skip("an uncommitted claim cannot be taken: test_one_transaction_*")
     lost = pay(client, "lost-1", {"amount": 70, "stolen": True})
     assert_problem(lost, 409, "idempotency_claim_lost")
     assert lost["Retry-After"] == "1"
@@ -353,3 +365,26 @@ def test_atomic_requests_nest_inside_the_middlewares_transaction(client, admin, 
     assert pay(client, "ar-2", {"raise": True}).status_code == 500
     assert value(admin, "SELECT count(*) FROM charges") == 1
     assert value(admin, "SELECT array_agg(key) FROM idempotency.keys") == ["ar-1"]
+
+
+def test_one_transaction_a_duplicate_waits_for_the_first_and_then_replays_or_is_409(admin, mode):
+    if mode != "one transaction":
+        pytest.skip("one transaction only")
+    done = []
+    with psycopg.connect(DATABASE_URL) as locker:
+        locker.execute("LOCK TABLE charges IN ACCESS EXCLUSIVE MODE")   # the first's INSERT waits
+        thread = threading.Thread(target=lambda: (done.append(pay(DjangoClient(), "wait-1")),
+                                                  connection.close()))
+        thread.start()
+        wait_for(admin, """SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock'
+                              AND query LIKE 'INSERT INTO charges%%')""")
+        with override_settings(IDEMPOTENCY={"one_transaction": True, "wait": "1 second"}):
+            busy = pay(DjangoClient(), "wait-1")
+        assert_problem(busy, 409, "idempotency_key_in_progress")
+        assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0, "the first's claim is not committed"
+        locker.rollback()
+    thread.join()
+    assert done[0].status_code == 201
+    assert pay(DjangoClient(), "wait-1")["Idempotent-Replayed"] == "true"
+    assert value(admin, "SELECT count(*) FROM charges") == 1

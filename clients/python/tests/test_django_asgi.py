@@ -10,6 +10,7 @@ import httpx
 import pytest
 from asgiref.sync import iscoroutinefunction
 from django.core.asgi import get_asgi_application
+from django.test.utils import override_settings
 
 import test_django
 from apps import UvicornServer
@@ -17,10 +18,12 @@ from helpers import ALICE, assert_problem, pay, value, wait_for
 from pg_idempotency.django import IdempotencyMiddleware
 
 
-@pytest.fixture(scope="module")
-def django_asgi():
-    """Django's ASGI app (the settings and views of test_django) on uvicorn."""
-    server = UvicornServer(get_asgi_application(), lifespan="off")
+@pytest.fixture(scope="module", params=["two transactions", "one transaction"])
+def django_asgi(request):
+    """Django's ASGI app (the settings and views of test_django) on uvicorn,
+    in each mode of the middleware."""
+    with override_settings(IDEMPOTENCY={"one_transaction": request.param == "one transaction"}):
+        server = UvicornServer(get_asgi_application(), lifespan="off")
     yield server
     server.stop()
 
