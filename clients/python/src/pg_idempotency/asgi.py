@@ -20,7 +20,7 @@ from urllib.parse import quote
 import psycopg
 
 from . import contract
-from .client import AsyncClient, Claim, ClaimLost
+from .client import AsyncClient, Claim, ClaimLost, _idle
 
 
 class IdempotencyMiddleware:
@@ -99,6 +99,8 @@ class IdempotencyMiddleware:
         for _ in range(1 + contract.RERUNS):
             response = _Captured()
             try:
+                if _idle(held.conn):   # unguarded: no claim began the transaction
+                    await held.conn.execute("BEGIN", prepare=False)
                 await self.app(_with_db(scope, held.conn), _replayed(body, receive), response.send)
                 answer = response.answer()
             except BaseException:
@@ -216,11 +218,13 @@ class _Held:
         self.autocommit = False
 
     async def take(self):
-        """Gives back the connection held, and takes a fresh one, out of autocommit."""
+        """Gives back the connection held, and takes a fresh one in autocommit:
+        the middleware sends BEGIN itself, with the claim (psycopg's own
+        BEGIN would cost a round trip of its own)."""
         await self.give_back()
         self.conn = await self.pool.getconn()
         self.autocommit = self.conn.autocommit
-        await self.conn.set_autocommit(False)
+        await self.conn.set_autocommit(True)
         return self.conn
 
     async def give_back(self) -> None:

@@ -9,6 +9,7 @@ trip (the call and the business writes commit together or not at all).
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Optional, Union
@@ -100,9 +101,15 @@ def _first_column(_cursor):
     return lambda values: values[0]
 
 
-def _pipelines() -> bool:
-    """True when libpq has pipeline mode (14 or later)."""
-    return psycopg.Pipeline.is_supported()
+def _pipeline(conn):
+    """conn's pipeline, where libpq has one (14 or later): what is sent in
+    it travels together; else a block that does nothing (one round trip each)."""
+    return conn.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
+
+
+def _async_pipeline(conn):
+    """As _pipeline, for an AsyncConnection."""
+    return conn.pipeline() if psycopg.AsyncPipeline.is_supported() else AsyncExitStack()
 
 
 def _idle(conn) -> bool:
@@ -127,7 +134,8 @@ class Client:
         default without conn) so that a concurrent retry sees it. token: this
         attempt's id; claimed again with it, the live claim it made answers
         new again with the same fence (its answer was lost). begin, with
-        conn and commit: opens conn's next transaction in the same round trip."""
+        conn idle in autocommit: opens a transaction on conn in the same round
+        trip, for the claim (without commit) or after it (with commit)."""
         with self.telemetry.span("claim", key) as span:
             claim = self._call(conn, commit, CLAIM,
                                (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim),
@@ -198,23 +206,25 @@ class Client:
     @staticmethod
     def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
         """Executes sql; with commit, commits conn's transaction in the same
-        round trip (with begin too: and opens the next one, out of autocommit).
-        Never as a prepared statement: behind pgbouncer in transaction mode
-        the next transaction may run on a server connection without it."""
+        round trip; with begin, on an idle connection in autocommit, opens a
+        transaction in the same round trip: sql runs in it, or, with commit,
+        commits first in a transaction of its own (BEGIN, sql, COMMIT, BEGIN:
+        without the first BEGIN, statements sent together before a Sync
+        would share one implicit transaction that the last BEGIN takes
+        over, and sql would not commit). Never as a
+        prepared statement: behind pgbouncer in transaction mode the next
+        transaction may run on a server connection without it."""
         cur = conn.cursor(row_factory=row_factory)
-        if not commit and not conn.autocommit and _idle(conn) and _pipelines():
-            # The BEGIN that opens the transaction travels with the statement.
-            with conn.pipeline():
-                cur.execute(sql, params, prepare=False)
-            return cur.fetchone()
-        if not commit or conn.autocommit:
-            return cur.execute(sql, params, prepare=False).fetchone()
-        if begin and not conn.autocommit and _pipelines():
-            with conn.pipeline():
-                cur.execute(sql, params, prepare=False)
-                conn.execute("COMMIT", prepare=False)
+        if begin and conn.autocommit and _idle(conn):
+            with _pipeline(conn):
                 conn.execute("BEGIN", prepare=False)
+                cur.execute(sql, params, prepare=False)
+                if commit:
+                    conn.execute("COMMIT", prepare=False)
+                    conn.execute("BEGIN", prepare=False)
             return cur.fetchone()
+        if not commit or (conn.autocommit and _idle(conn)):
+            return cur.execute(sql, params, prepare=False).fetchone()
         if _idle(conn):
             # A statement alone commits by itself: no BEGIN, no COMMIT.
             conn.autocommit = True
@@ -222,7 +232,7 @@ class Client:
                 return cur.execute(sql, params, prepare=False).fetchone()
             finally:
                 conn.autocommit = False
-        with conn.pipeline():
+        with _pipeline(conn):
             cur.execute(sql, params, prepare=False)
             conn.execute("COMMIT", prepare=False)
         return cur.fetchone()
@@ -311,25 +321,23 @@ class AsyncClient:
     async def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
         """As Client._execute."""
         cur = conn.cursor(row_factory=row_factory)
-        if not commit and not conn.autocommit and _idle(conn) and _pipelines():
-            async with conn.pipeline():
-                await cur.execute(sql, params, prepare=False)
-            return await cur.fetchone()
-        if not commit or conn.autocommit:
-            return await (await cur.execute(sql, params, prepare=False)).fetchone()
-        if begin and not conn.autocommit and _pipelines():
-            async with conn.pipeline():
-                await cur.execute(sql, params, prepare=False)
-                await conn.execute("COMMIT", prepare=False)
+        if begin and conn.autocommit and _idle(conn):
+            async with _async_pipeline(conn):
                 await conn.execute("BEGIN", prepare=False)
+                await cur.execute(sql, params, prepare=False)
+                if commit:
+                    await conn.execute("COMMIT", prepare=False)
+                    await conn.execute("BEGIN", prepare=False)
             return await cur.fetchone()
+        if not commit or (conn.autocommit and _idle(conn)):
+            return await (await cur.execute(sql, params, prepare=False)).fetchone()
         if _idle(conn):
             await conn.set_autocommit(True)
             try:
                 return await (await cur.execute(sql, params, prepare=False)).fetchone()
             finally:
                 await conn.set_autocommit(False)
-        async with conn.pipeline():
+        async with _async_pipeline(conn):
             await cur.execute(sql, params, prepare=False)
             await conn.execute("COMMIT", prepare=False)
         return await cur.fetchone()

@@ -52,7 +52,7 @@ class Idempotency:
             return _response(refusal)
         if key is None:
             try:
-                self._take()
+                self._take(begin=True)
             except psycopg.Error as err:
                 return self._unguarded(err)
             g.idempotency = contract.Pending()
@@ -66,27 +66,35 @@ class Idempotency:
             return _response(refusal) if refusal else self._unguarded(err)
         answer = contract.answer_claim(claim)
         if answer:
+            g.idempotency_answered = True
             return _response(answer)
         g.idempotency = pending._replace(fence=claim.fence)
         return None
 
-    def _take(self):
-        """Gives the request a fresh connection of the pool, out of autocommit,
-        as g.db (the one it had goes back)."""
+    def _take(self, begin: bool = False):
+        """Gives the request a fresh connection of the pool, as g.db (the one
+        it had goes back), in autocommit: the extension sends BEGIN itself,
+        with the claim (psycopg's own BEGIN would cost a round trip of its
+        own), or at once with begin."""
         self._give_back()
         g.db = self.pool.getconn()
         g.db_autocommit = g.db.autocommit
-        g.db.autocommit = False
+        g.db.autocommit = True
+        if begin:
+            g.db.execute("BEGIN", prepare=False)
         return g.db
 
     def _give_back(self) -> None:
         """Returns g.db to the pool idle, in its own autocommit mode (a broken one is discarded)."""
         conn = g.pop("db", None)
-        if conn is None:
-            return
+        if conn is not None:
+            self._put(conn, g.pop("db_autocommit"))
+
+    def _put(self, conn, autocommit: bool) -> None:
+        """Returns conn to the pool idle, in autocommit mode autocommit."""
         try:
             conn.rollback()
-            conn.autocommit = g.pop("db_autocommit")
+            conn.autocommit = autocommit
         except psycopg.Error:
             pass  # a broken connection: the pool discards it
         self.pool.putconn(conn)
@@ -120,14 +128,20 @@ class Idempotency:
             return _response(contract.unavailable(err))
         contract.log.error("idempotency: running unguarded: %s", err)
         try:
-            self._take()
+            self._take(begin=True)
         except psycopg.Error:
             g.db = None
         g.idempotency = contract.Pending()
         return None
 
     def _after(self, response):
-        """Ends the view's transaction: complete and commit; a 5xx is left to _teardown."""
+        """Ends the view's transaction: complete and commit; a 5xx is left to
+        _teardown. After the claim's own answer (a replay, 409, 422), the
+        ROLLBACK of its empty transaction waits until the answer is sent."""
+        if g.pop("idempotency_answered", False) and g.get("db") is not None:
+            conn, autocommit = g.pop("db"), g.pop("db_autocommit")
+            response.call_on_close(lambda: self._put(conn, autocommit))
+            return response
         pending = g.get("idempotency")
         if pending is None or g.get("db") is None:
             return response
