@@ -66,7 +66,6 @@ class Idempotency:
             return _response(refusal) if refusal else self._unguarded(err)
         answer = contract.answer_claim(claim)
         if answer:
-            g.idempotency_answered = True
             return _response(answer)
         g.idempotency = pending._replace(fence=claim.fence)
         return None
@@ -87,14 +86,11 @@ class Idempotency:
     def _give_back(self) -> None:
         """Returns g.db to the pool idle, in its own autocommit mode (a broken one is discarded)."""
         conn = g.pop("db", None)
-        if conn is not None:
-            self._put(conn, g.pop("db_autocommit"))
-
-    def _put(self, conn, autocommit: bool) -> None:
-        """Returns conn to the pool idle, in autocommit mode autocommit."""
+        if conn is None:
+            return
         try:
             conn.rollback()
-            conn.autocommit = autocommit
+            conn.autocommit = g.pop("db_autocommit")
         except psycopg.Error:
             pass  # a broken connection: the pool discards it
         self.pool.putconn(conn)
@@ -136,12 +132,9 @@ class Idempotency:
 
     def _after(self, response):
         """Ends the view's transaction: complete and commit; a 5xx is left to
-        _teardown. After the claim's own answer (a replay, 409, 422), the
-        ROLLBACK of its empty transaction waits until the answer is sent."""
-        if g.pop("idempotency_answered", False) and g.get("db") is not None:
-            conn, autocommit = g.pop("db"), g.pop("db_autocommit")
-            response.call_on_close(lambda: self._put(conn, autocommit))
-            return response
+        _teardown (as is the ROLLBACK of the claim's own answer's transaction:
+        not after the answer, through call_on_close, which a test client
+        that does not close its responses would never call)."""
         pending = g.get("idempotency")
         if pending is None or g.get("db") is None:
             return response
