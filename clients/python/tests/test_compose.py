@@ -91,12 +91,14 @@ def principal(scope) -> str:
 
 
 @pytest.fixture
-def asgi():
-    """serve(**options) starts the FastAPI app with these options; returns a client."""
+def asgi(mode):
+    """serve(**options) starts the FastAPI app with these options, in this
+    mode of the middleware; returns a client."""
     servers = []
 
     def start(**options):
         """Serves it; returns an httpx client on it."""
+        options = {"one_transaction": mode == "one transaction", **options}
         servers.append(AsgiServer(DATABASE_URL, POOL, options))
         return httpx.Client(base_url=servers[-1].url, timeout=30,
                             limits=httpx.Limits(max_keepalive_connections=0))
