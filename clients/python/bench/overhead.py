@@ -18,7 +18,8 @@ framework named (default both) and prints the median and 90th percentile.
 The kinds take turns, 100 requests at a time after 20 untimed, so that
 other load on the machine weighs on each alike. Round trips are counted
 apart, in process, from the libpq trace of a one-connection pool (the trace
-slows requests, so it is off while timing).
+slows requests, so it is off while timing). IDEMPOTENCY_ONE_TRANSACTION=on
+measures the one-transaction mode (the example app reads it too).
 """
 
 import asyncio
@@ -44,6 +45,7 @@ from psycopg.rows import namedtuple_row  # noqa: E402
 from psycopg_pool import AsyncConnectionPool, ConnectionPool  # noqa: E402
 
 BODY = json.dumps({"amount": 10}).encode()
+ONE_TRANSACTION = os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on"
 WARMUP = 20     # requests before each batch that are not timed
 BATCH = 100
 
@@ -84,7 +86,7 @@ def asgi_app(pool, guarded):
 
     app = FastAPI()
     if guarded:
-        app.add_middleware(IdempotencyMiddleware, pool=pool)
+        app.add_middleware(IdempotencyMiddleware, pool=pool, one_transaction=ONE_TRANSACTION)
 
     async def charge(db, request):
         """Inserts the charge; returns the 201 answer."""
@@ -197,7 +199,7 @@ def count_round_trips():
         guarded = Flask("guarded")
         guarded.add_url_rule("/payments", view_func=example.create_payment, methods=["POST"])
         from pg_idempotency.flask import Idempotency
-        Idempotency(guarded, pool=pool)
+        Idempotency(guarded, pool=pool, one_transaction=ONE_TRANSACTION)
         client = guarded.test_client()
         counts["flask fresh"] = round_trips(pool, lambda: client.post(
             "/payments", data=BODY, headers={**headers, "Idempotency-Key": uuid.uuid4().hex}))
@@ -272,7 +274,8 @@ def main():
         for process in servers:
             process.kill()
             process.wait()
-    print(f"{count // BATCH * BATCH} sequential requests of each kind, latency in µs:")
+    mode = "one transaction" if ONE_TRANSACTION else "two transactions"
+    print(f"{count // BATCH * BATCH} sequential requests of each kind ({mode}), latency in µs:")
     print(f"{'request':<14}{'median':>8}{'p90':>8}{'round trips':>13}")
     for kind, lat in results.items():
         median = statistics.median(lat)

@@ -1,9 +1,10 @@
 """The same small payment API on Flask and on FastAPI, each behind its
 middleware, served over real HTTP on 127.0.0.1 for the tests.
 
-POST /payments {"amount": N, "delay_ms": D, "fail": true, "raise": true}
-inserts a charge and answers 201 {"charge": id} (500 with fail, an
-exception with raise). POST /headers answers 200 with headers that may or
+POST /payments {"amount": N, "delay_ms": D, "fail": true, "raise": true,
+"status": S, "after_ms": A} inserts a charge and answers 201 {"charge": id}
+(500 with fail, an exception with raise, S with status; after_ms: sleeps
+after the charge). POST /headers answers 200 with headers that may or
 may not be stored. GET and PUT /db tell whether the handler got a connection.
 """
 
@@ -35,16 +36,17 @@ def flask_app(pool, **options):
     @app.post("/payments")
     @app.patch("/payments")
     def pay():
-        """Charges; test knobs delay_ms, fail, raise."""
+        """Charges; test knobs delay_ms, after_ms, fail, raise, status."""
         data = request.get_json(silent=True) or {}
         time.sleep(data.get("delay_ms", 0) / 1000)
         charge = g.db.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id",
                               (data.get("amount", 1),)).fetchone()[0]
         if data.get("raise"):
             raise RuntimeError("the handler failed")
+        time.sleep(data.get("after_ms", 0) / 1000)
         if data.get("fail"):
             return {"error": f"charge {charge} was declined"}, 500
-        return {"charge": charge}, 201
+        return {"charge": charge}, data.get("status", 201)
 
     @app.post("/headers")
     def headers():
@@ -83,7 +85,7 @@ def asgi_app(pool, inner=(), outer=(), **options):
 
     @app.api_route("/payments", methods=["POST", "PATCH"])
     async def pay(request: Request, db=Depends(transaction)):
-        """Charges; test knobs delay_ms, fail, raise."""
+        """Charges; test knobs delay_ms, after_ms, fail, raise, status."""
         data = await request.json() if await request.body() else {}
         await asyncio.sleep(data.get("delay_ms", 0) / 1000)
         cur = await db.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id",
@@ -91,9 +93,10 @@ def asgi_app(pool, inner=(), outer=(), **options):
         charge = (await cur.fetchone())[0]
         if data.get("raise"):
             raise RuntimeError("the handler failed")
+        await asyncio.sleep(data.get("after_ms", 0) / 1000)
         if data.get("fail"):
             return JSONResponse({"error": f"charge {charge} was declined"}, status_code=500)
-        return JSONResponse({"charge": charge}, status_code=201)
+        return JSONResponse({"charge": charge}, status_code=data.get("status", 201))
 
     @app.post("/headers")
     async def headers():

@@ -48,14 +48,21 @@ def kind(request):
     return request.param
 
 
+@pytest.fixture(params=["two transactions", "one transaction"])
+def mode(request):
+    """Each HTTP test runs in both modes of the middlewares."""
+    return request.param
+
+
 @pytest.fixture
-def serve(kind):
+def serve(kind, mode):
     """Starts the test app of this kind: serve(conninfo=..., pool options..., middleware
     options...) returns an httpx client on it; every server stops after the test."""
     servers = []
 
     def start(conninfo=DATABASE_URL, pool_options=None, **options):
         """Serves the app with these options; returns a client on it."""
+        options = {"one_transaction": mode == "one transaction", **options}
         server = SERVERS[kind](conninfo, pool_options or {"min_size": 1, "max_size": 4}, options)
         servers.append(server)
         # No keep-alive: uvicorn closes a connection whose app raised, and a

@@ -91,12 +91,14 @@ def principal(scope) -> str:
 
 
 @pytest.fixture
-def asgi():
-    """serve(**options) starts the FastAPI app with these options; returns a client."""
+def asgi(mode):
+    """serve(**options) starts the FastAPI app with these options, in this
+    mode of the middleware; returns a client."""
     servers = []
 
     def start(**options):
         """Serves it; returns an httpx client on it."""
+        options = {"one_transaction": mode == "one transaction", **options}
         servers.append(AsgiServer(DATABASE_URL, POOL, options))
         return httpx.Client(base_url=servers[-1].url, timeout=30,
                             limits=httpx.Limits(max_keepalive_connections=0))
@@ -111,6 +113,16 @@ def test_a_timeout_outside_rolls_the_cancelled_handler_back_and_frees_the_key(as
     wait_for(admin, "SELECT NOT EXISTS (SELECT FROM idempotency.keys)")
     assert value(admin, "SELECT count(*) FROM charges") == 0
     assert pay(client, "t-1", {"amount": 1}).status_code == 201
+
+
+def test_a_timeout_inside_that_answers_408_rolls_the_cancelled_handler_back_and_frees_the_key(asgi, admin):
+    client = asgi(inner=[(Timeout, {"seconds": 3, "status": 408})])
+    # The handler charges, then is cancelled while it waits.
+    assert pay(client, "t-408", {"amount": 2, "after_ms": 60_000}).status_code == 408
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+    assert pay(client, "t-408", {"amount": 2}).status_code == 201
+    assert value(admin, "SELECT count(*) FROM charges") == 1
 
 
 def test_a_timeout_inside_answers_5xx_so_the_handlers_writes_roll_back(asgi, admin):

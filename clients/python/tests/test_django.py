@@ -11,7 +11,7 @@ import time
 import django
 import psycopg
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.db import connection, connections
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
@@ -32,7 +32,7 @@ def configure():
                 "HOST": params.get("host", ""), "PORT": params.get("port", "")}
     settings.configure(
         DEBUG=False, ALLOWED_HOSTS=["testserver", "127.0.0.1"], ROOT_URLCONF=__name__, SECRET_KEY="test",
-        MIDDLEWARE=["pg_idempotency.django.IdempotencyMiddleware"],
+        MIDDLEWARE=["pg_idempotency.django.IdempotencyMiddleware", f"{__name__}.Timeout"],
         DATABASES={"default": database,
                    "down": {**database, "HOST": "127.0.0.1", "PORT": "1",
                             "OPTIONS": {"connect_timeout": 1}}},
@@ -50,8 +50,8 @@ def db():
 
 
 def charge(request):
-    """POST /payments {"amount", "delay_ms", "fail", "raise", "stolen"}: charges
-    through Django's connection; 201 {"charge": id}."""
+    """POST /payments {"amount", "delay_ms", "fail", "raise", "stolen", "status"}:
+    charges through Django's connection; 201 (or status) {"charge": id}."""
     data = json.loads(request.body or b"{}")
     time.sleep(data.get("delay_ms", 0) / 1000)
     with db().cursor() as cursor:
@@ -68,7 +68,7 @@ def charge(request):
     if data.get("stream"):
         return StreamingHttpResponse(iter([b'{"charge": ', str(charge_id).encode(), b"}"]),
                                      status=201, content_type="application/json")
-    return JsonResponse({"charge": charge_id}, status=201)
+    return JsonResponse({"charge": charge_id}, status=data.get("status", 201))
 
 
 def binary(request):
@@ -90,6 +90,39 @@ def insert_charge(amount) -> int:
     with db().cursor() as cursor:
         cursor.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id", [amount])
         return cursor.fetchone()[0]
+
+
+class Timeout:
+    """A request timeout inside the idempotency middleware, as an async
+    middleware writes it: the seconds of the X-Timeout header, then 408.
+    Passes through in sync mode and without the header."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        """Wraps get_response."""
+        self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        """Runs the view, under the timeout when asked."""
+        if not self.async_mode:
+            return self.get_response(request)
+        return self.timed(request)
+
+    async def timed(self, request):
+        """Answers 408 when the view outlives X-Timeout."""
+        seconds = request.headers.get("X-Timeout")
+        if seconds is None:
+            return await self.get_response(request)
+        try:
+            async with asyncio.timeout(float(seconds)):
+                return await self.get_response(request)
+        except TimeoutError:
+            return HttpResponse(b"timed out", status=408)
 
 
 # Set by the async view once its charge is written (tests under ASGI wait for it).
@@ -117,6 +150,14 @@ urlpatterns = [path("payments", charge), path("headers", binary), path("db", in_
 def tenant_scope(request):
     """A scope of the application's own (the IDEMPOTENCY "scope" setting, by dotted path)."""
     return "tenant-7"
+
+
+@pytest.fixture(autouse=True, params=["two transactions", "one transaction"])
+def mode(request):
+    """Each test runs in both modes of the middleware (a test that sets
+    IDEMPOTENCY itself runs in the mode it sets)."""
+    with override_settings(IDEMPOTENCY={"one_transaction": request.param == "one transaction"}):
+        yield request.param
 
 
 @pytest.fixture
@@ -223,7 +264,9 @@ def test_other_methods_pass_through_outside_a_transaction(client, admin):
     assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
 
 
-def test_a_retry_while_the_first_runs_is_409(admin):
+def test_a_retry_while_the_first_runs_is_409(admin, mode):
+    if mode == "one transaction":
+        pytest.skip("the claim is not seen until it commits: test_one_transaction_*")
     slow = {"amount": 30, "delay_ms": 1500}
     done = []
     thread = threading.Thread(target=lambda: (done.append(pay(DjangoClient(), "slow-1", slow)),
@@ -259,6 +302,15 @@ def test_with_store_server_errors_a_5xx_is_stored_and_a_raise_still_releases(cli
     assert value(admin, "SELECT count(*) FROM charges") == 0
 
 
+def test_a_408_says_the_view_did_not_finish_its_writes_roll_back_and_the_key_is_free(client, admin,
+                                                                                   database_setting):
+    database_setting("store_server_errors", "on")
+    assert pay(client, "k-408", {"amount": 8, "status": 408}).status_code == 408
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+    assert pay(client, "k-408", {"amount": 8}).status_code == 201
+
+
 def test_a_response_that_cannot_be_stored_rolls_the_views_writes_back(client, admin, database_setting):
     # complete() runs in the view's transaction: when it fails, the charge goes too.
     database_setting("max_response_bytes", "8")
@@ -267,7 +319,9 @@ def test_a_response_that_cannot_be_stored_rolls_the_views_writes_back(client, ad
     assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0, "released"
 
 
-def test_a_claim_lost_while_the_view_ran_rolls_back_and_is_409(client, admin):
+def test_a_claim_lost_while_the_view_ran_rolls_back_and_is_409(client, admin, mode):
+    if mode == "one transaction":
+        pytest.skip("an uncommitted claim cannot be taken: test_one_transaction_*")
     lost = pay(client, "lost-1", {"amount": 70, "stolen": True})
     assert_problem(lost, 409, "idempotency_claim_lost")
     assert lost["Retry-After"] == "1"
@@ -311,3 +365,26 @@ def test_atomic_requests_nest_inside_the_middlewares_transaction(client, admin, 
     assert pay(client, "ar-2", {"raise": True}).status_code == 500
     assert value(admin, "SELECT count(*) FROM charges") == 1
     assert value(admin, "SELECT array_agg(key) FROM idempotency.keys") == ["ar-1"]
+
+
+def test_one_transaction_a_duplicate_waits_for_the_first_and_then_replays_or_is_409(admin, mode):
+    if mode != "one transaction":
+        pytest.skip("one transaction only")
+    done = []
+    with psycopg.connect(DATABASE_URL) as locker:
+        locker.execute("LOCK TABLE charges IN ACCESS EXCLUSIVE MODE")   # the first's INSERT waits
+        thread = threading.Thread(target=lambda: (done.append(pay(DjangoClient(), "wait-1")),
+                                                  connection.close()))
+        thread.start()
+        wait_for(admin, """SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock'
+                              AND query LIKE 'INSERT INTO charges%%')""")
+        with override_settings(IDEMPOTENCY={"one_transaction": True, "wait": "1 second"}):
+            busy = pay(DjangoClient(), "wait-1")
+        assert_problem(busy, 409, "idempotency_key_in_progress")
+        assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0, "the first's claim is not committed"
+        locker.rollback()
+    thread.join()
+    assert done[0].status_code == 201
+    assert pay(DjangoClient(), "wait-1")["Idempotent-Replayed"] == "true"
+    assert value(admin, "SELECT count(*) FROM charges") == 1

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from asgiref.sync import iscoroutinefunction
 from django.core.asgi import get_asgi_application
+from django.test.utils import override_settings
 
 import test_django
 from apps import UvicornServer
@@ -17,10 +18,12 @@ from helpers import ALICE, assert_problem, pay, value, wait_for
 from pg_idempotency.django import IdempotencyMiddleware
 
 
-@pytest.fixture(scope="module")
-def django_asgi():
-    """Django's ASGI app (the settings and views of test_django) on uvicorn."""
-    server = UvicornServer(get_asgi_application(), lifespan="off")
+@pytest.fixture(scope="module", params=["two transactions", "one transaction"])
+def django_asgi(request):
+    """Django's ASGI app (the settings and views of test_django) on uvicorn,
+    in each mode of the middleware."""
+    with override_settings(IDEMPOTENCY={"one_transaction": request.param == "one transaction"}):
+        server = UvicornServer(get_asgi_application(), lifespan="off")
     yield server
     server.stop()
 
@@ -93,3 +96,13 @@ def test_a_view_cancelled_by_the_clients_disconnect_commits_nothing_and_frees_th
     assert value(admin, "SELECT count(*) FROM charges") == 0
     retry = pay(client, "gone-1", {"amount": 6}, path="/async/payments")
     assert retry.status_code == 201 and "idempotent-replayed" not in retry.headers
+
+
+def test_a_timeout_inside_that_answers_408_rolls_the_cancelled_view_back_and_frees_the_key(client, admin):
+    # The view charges, then is cancelled while it waits; test_django.Timeout answers 408.
+    headers = {**ALICE, "Idempotency-Key": "t-408", "X-Timeout": "2"}
+    timed_out = client.post("/async/payments", json={"amount": 3, "delay_ms": 60_000}, headers=headers)
+    assert timed_out.status_code == 408
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+    assert pay(client, "t-408", {"amount": 3}, path="/async/payments").status_code == 201

@@ -70,15 +70,16 @@ def proxy():
 
 
 @pytest.fixture(params=["flask", "asgi", "django"])
-def app(request, proxy):
-    """A client on the test app of this kind, whose database is behind the proxy."""
+def app(request, proxy, mode):
+    """A client on the test app of this kind, in this mode, whose database is behind the proxy."""
     proxy.command("POST", "/reset")
+    options = {"one_transaction": mode == "one transaction"}
     if request.param == "django":
-        with override_settings(IDEMPOTENCY={"using": "faults"}):
+        with override_settings(IDEMPOTENCY={"using": "faults", **options}):
             yield DjangoHttp(DjangoClient(raise_request_exception=False))
         connections["faults"].close()
         return
-    server = SERVERS[request.param](proxy.url, {"min_size": 2, "max_size": 4, "timeout": 5}, {})
+    server = SERVERS[request.param](proxy.url, {"min_size": 2, "max_size": 4, "timeout": 5}, options)
     yield httpx.Client(base_url=server.url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
     server.stop()
 

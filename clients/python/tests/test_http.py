@@ -1,15 +1,20 @@
 """docs/http-contract.md over real HTTP, for both middlewares (the kind
-fixture runs each test against Flask and against FastAPI)."""
+fixture runs each test against Flask and against FastAPI) in both modes
+(the mode fixture: two transactions, one transaction)."""
 
+import contextlib
 import hashlib
 import threading
+import time
 
+import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
 from conftest import DATABASE_URL
 from helpers import ALICE, BOB, assert_problem, pay, scope_of, value, wait_for
 from pg_idempotency import Client, fingerprint
+from pg_idempotency.contract import Options
 
 
 def test_first_request_runs_and_its_retry_replays_byte_for_byte(serve, admin):
@@ -146,7 +151,9 @@ def in_background(call):
     return lambda: (thread.join(), result[0])[1]
 
 
-def test_a_retry_while_the_first_runs_is_409_then_replays(serve, admin):
+def test_a_retry_while_the_first_runs_is_409_then_replays(serve, admin, mode):
+    if mode == "one transaction":
+        pytest.skip("the claim is not seen until it commits: test_one_transaction_*")
     client = serve()
     slow = {"amount": 30, "delay_ms": 1500}
     first = in_background(lambda: pay(client, "slow-1", slow))
@@ -177,6 +184,14 @@ def test_a_server_error_rolls_back_and_releases_the_key(serve, admin, failure, s
     if "fail" in failure:  # the body names the charge: the retry ran and charged anew
         assert again.content != first.content
     assert value(admin, "SELECT count(*) FROM charges") == 0
+
+
+def test_a_408_says_the_handler_did_not_finish_its_writes_roll_back_and_the_key_is_free(serve, admin):
+    client = serve(conninfo=with_settings(store_server_errors="on"))
+    assert pay(client, "k-408", {"amount": 8, "status": 408}).status_code == 408
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+    assert pay(client, "k-408", {"amount": 8}).status_code == 201
 
 
 def test_with_store_server_errors_a_server_error_is_stored_and_replayed(serve, admin):
@@ -213,7 +228,9 @@ def test_with_store_server_errors_a_server_error_too_large_to_store_is_released(
     assert value(admin, "SELECT count(*) FROM charges") == 0
 
 
-def test_a_claim_lost_to_a_takeover_rolls_back_and_is_409(serve, admin, pool):
+def test_a_claim_lost_to_a_takeover_rolls_back_and_is_409(serve, admin, pool, mode):
+    if mode == "one transaction":
+        pytest.skip("an uncommitted claim cannot be taken over: test_one_transaction_*")
     client = serve(lease="1 second")
     body = b'{"amount": 70, "delay_ms": 2000}'
     first = in_background(lambda: pay(client, "lease-1", body))
@@ -285,3 +302,59 @@ def test_a_pool_of_autocommit_connections_still_gives_one_transaction(serve, adm
     assert value(admin, "SELECT count(*) FROM charges") == 0
     assert pay(client, "ac-3").status_code == 201
     assert pay(client, "ac-3").headers["idempotent-replayed"] == "true"
+
+
+@contextlib.contextmanager
+def charges_locked():
+    """Holds the charges table locked: a handler's INSERT waits until the block ends."""
+    with psycopg.connect(DATABASE_URL) as locker:
+        locker.execute("LOCK TABLE charges IN ACCESS EXCLUSIVE MODE")
+        yield
+        locker.rollback()
+
+
+def handlers_blocked(admin, count):
+    """Waits until count statements of the app wait for the lock on charges."""
+    wait_for(admin, """SELECT count(*) = %s FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'
+                          AND query LIKE 'INSERT INTO charges%%'""", count)
+
+
+def test_one_transaction_a_duplicate_waits_for_the_first_and_replays_what_committed(serve, admin, mode):
+    if mode != "one transaction":
+        pytest.skip("one transaction only")
+    client = serve(wait="60 seconds")
+    with charges_locked():
+        first = in_background(lambda: pay(client, "wait-1", {"amount": 31}))
+        handlers_blocked(admin, 1)
+        duplicate = in_background(lambda: pay(client, "wait-1", {"amount": 31}))
+        wait_for(admin, """SELECT count(*) = 2 FROM pg_stat_activity
+                            WHERE datname = current_database() AND state = 'active'
+                              AND query LIKE '%%idempotency.claim%%'""")
+    assert first().status_code == 201
+    again = duplicate()
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def test_one_transaction_a_duplicate_is_409_when_its_wait_ends_even_after_the_lease(serve, admin, mode):
+    if mode != "one transaction":
+        pytest.skip("one transaction only")
+    client = serve(wait="1 second", lease="1 second")
+    with charges_locked():
+        first = in_background(lambda: pay(client, "wait-2", {"amount": 32}))
+        handlers_blocked(admin, 1)
+        time.sleep(1.5)   # the first's lease has ended: still no takeover of an uncommitted claim
+        busy = pay(client, "wait-2", {"amount": 32})
+        assert_problem(busy, 409, "idempotency_key_in_progress")
+        assert int(busy.headers["retry-after"]) >= 1
+    assert first().status_code == 201
+    assert pay(client, "wait-2", {"amount": 32}).headers["idempotent-replayed"] == "true"
+    assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def test_one_transaction_needs_a_positive_wait():
+    with pytest.raises(ValueError, match="positive wait"):
+        Options(one_transaction=True, wait="0 seconds")
+    assert Options(one_transaction=True).wait == "2 seconds"
+    assert Options().wait is None

@@ -2,7 +2,8 @@
 pip from a git URL with #subdirectory=, a wheel made by pip wheel or by
 python -m build from the folder, and the sdist. Each goes into a virtualenv
 of its own with pip's default (isolated) build, and must hold the sources'
-modules, the licence, and work against the database.
+modules, the licence, and work against the database (without
+opentelemetry-api, which only the extra brings).
 
 The test script gives the folder (PG_IDEMPOTENCY_SOURCE), a Python with
 `build` (PG_IDEMPOTENCY_BUILD_PYTHON) and pip's wheelhouses (PIP_FIND_LINKS,
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.skipif(not (SOURCE and BUILD_PYTHON),
 
 # Runs in the fresh virtualenv: prints what it installed, and uses it.
 CHECK = """
-import hashlib, importlib.metadata, json, pathlib, sys
+import hashlib, importlib.metadata, importlib.util, json, pathlib, sys
 import pg_idempotency
 from psycopg_pool import ConnectionPool
 from pg_idempotency import Client, fingerprint
@@ -43,6 +44,7 @@ print(json.dumps({
     "licence": [f.locate().read_text() for f in licences],
     "license_expression": dist.metadata.get("License-Expression"),
     "outcome": claim.outcome,
+    "opentelemetry": importlib.util.find_spec("opentelemetry") is not None,
 }))
 """
 
@@ -118,6 +120,7 @@ def test_the_package_installs(way, tmp_path):
     assert found["licence"] == [(Path(SOURCE) / "LICENSE").read_text()]
     assert found["license_expression"] == "PostgreSQL"
     assert found["outcome"] == "new"
+    assert not found["opentelemetry"]   # an optional dependency: the client works without it
 
 
 def test_the_packages_licence_is_the_projects():

@@ -1,5 +1,6 @@
-"""The client through pgbouncer in transaction pooling, with psycopg's
-default settings (prepare_threshold 5): the client's own statements must
+"""The client, and the Flask and ASGI middlewares in both modes, through
+pgbouncer in transaction pooling, with psycopg's default settings
+(prepare_threshold 5): the client's own statements must
 never be prepared, since the next transaction may run on another server
 connection, where a prepared statement does not exist. Skips without a
 pgbouncer binary (Debian: the pgbouncer package)."""
@@ -18,6 +19,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from conftest import DATABASE_URL
+from helpers import pay, value, wait_for
+from test_http import charges_locked, handlers_blocked, in_background
 from pg_idempotency import Client, fingerprint
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -90,3 +93,35 @@ def test_the_client_works_through_pgbouncer_in_transaction_mode(bouncer):
                 assert client.claim(f"pb-{n}", fingerprint("POST", "/"),
                                     conn=conn, commit=True).outcome == "replay"
             other.rollback()
+
+
+def test_the_middlewares_work_through_pgbouncer_in_transaction_mode(serve, bouncer, admin):
+    # The handler's own INSERT would be prepared after psycopg's fifth use
+    # (prepare_threshold): an app behind pgbouncer before 1.21 turns that off.
+    # The middleware's statements are never prepared, whatever the setting.
+    client = serve(conninfo=bouncer, pool_options={"min_size": 1, "max_size": 2,
+                                                   "kwargs": {"prepare_threshold": None}})
+    for n in range(8):
+        assert pay(client, f"pb-http-{n}", {"amount": 10 + n}).status_code == 201
+    for n in range(8):
+        assert pay(client, f"pb-http-{n}", {"amount": 10 + n}).headers["idempotent-replayed"] == "true"
+    assert pay(client, "pb-http-0", {"amount": 99}).status_code == 422
+    assert pay(client, "pb-http-fail", {"amount": 5, "fail": True}).status_code == 500
+    assert value(admin, "SELECT count(*) FROM charges") == 8
+    assert value(admin, "SELECT count(*) FROM idempotency.keys WHERE state = 'completed'") == 8
+
+
+def test_one_transaction_a_duplicate_waits_and_replays_through_pgbouncer(serve, bouncer, admin, mode):
+    if mode != "one transaction":
+        pytest.skip("one transaction only")
+    client = serve(conninfo=bouncer, wait="60 seconds")
+    with charges_locked():
+        first = in_background(lambda: pay(client, "pb-wait", {"amount": 41}))
+        handlers_blocked(admin, 1)
+        duplicate = in_background(lambda: pay(client, "pb-wait", {"amount": 41}))
+        wait_for(admin, """SELECT count(*) = 2 FROM pg_stat_activity
+                            WHERE datname = current_database() AND state = 'active'
+                              AND query LIKE '%%idempotency.claim%%'""")
+    assert first().status_code == 201
+    assert duplicate().headers["idempotent-replayed"] == "true"
+    assert value(admin, "SELECT count(*) FROM charges") == 1

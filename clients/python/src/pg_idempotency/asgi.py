@@ -20,7 +20,7 @@ from urllib.parse import quote
 import psycopg
 
 from . import contract
-from .client import AsyncClient, Claim, ClaimLost
+from .client import AsyncClient, Claim, ClaimLost, _idle
 
 
 class IdempotencyMiddleware:
@@ -30,8 +30,8 @@ class IdempotencyMiddleware:
         """pool: an open psycopg_pool.AsyncConnectionPool; options: see contract.Options."""
         self.app = app
         self.pool = pool
-        self.client = AsyncClient(pool)
         self.options = contract.Options(**options)
+        self.client = AsyncClient(pool, tracer_provider=self.options.tracer_provider)
 
     async def __call__(self, scope, receive, send):
         """Serves one ASGI connection: covered HTTP requests are guarded."""
@@ -49,12 +49,14 @@ class IdempotencyMiddleware:
         held = _Held(self.pool)
         try:
             answer = await self._serve(held, key, headers, scope, body, receive)
+            if answer is not None:
+                # The answer first: with one transaction, a replay's ROLLBACK comes after it.
+                await _send(send, answer)
+                return
         finally:
             await held.give_back()
-        if answer is None:   # fail_open without a connection
-            await self.app(_with_db(scope, None), _replayed(body, receive), send)
-            return
-        await _send(send, answer)
+        # fail_open without a connection
+        await self.app(_with_db(scope, None), _replayed(body, receive), send)
 
     async def _serve(self, held: "_Held", key: Optional[str], headers: contract.Headers,
                      scope, body: bytes, receive) -> Optional[contract.Answer]:
@@ -71,8 +73,7 @@ class IdempotencyMiddleware:
                     return refusal or contract.unavailable(err)
                 contract.log.error("idempotency: running unguarded: %s", err)
                 pending = contract.Pending()
-                if contract.answer_lost(err):
-                    await held.give_back()
+                await held.give_back()   # its transaction may be aborted
             else:
                 answer = contract.answer_claim(claim)
                 if answer:
@@ -92,18 +93,21 @@ class IdempotencyMiddleware:
                    receive) -> contract.Answer:
         """Runs the app on held.conn and ends its transaction; when the
         COMMIT's answer is lost, claims again with the token: replay means it
-        committed (the app's answer goes out), new that it rolled back (the
-        app runs again)."""
+        committed (the app's answer goes out; with one transaction, the
+        response stored, which may be a duplicate's that ran after ours
+        rolled back), new that it rolled back (the app runs again)."""
         for _ in range(1 + contract.RERUNS):
             response = _Captured()
             try:
+                if _idle(held.conn):   # unguarded: no claim began the transaction
+                    await held.conn.execute("BEGIN", prepare=False)
                 await self.app(_with_db(scope, held.conn), _replayed(body, receive), response.send)
                 answer = response.answer()
             except BaseException:
                 await self._abandon(held.conn, pending)
                 raise
-            if answer.status >= 500:
-                await self._abandon(held.conn, pending, answer)
+            if contract.unfinished(answer.status) or answer.status >= 500:
+                await self._abandon(held.conn, pending, None if answer.status < 500 else answer)
                 return answer
             try:
                 await self._commit(held.conn, pending, answer)
@@ -120,10 +124,8 @@ class IdempotencyMiddleware:
                 claim = await self._claim(held, pending)
             except psycopg.Error as err:
                 return contract.outcome_unknown(err)
-            if claim.outcome == "replay":
-                return answer   # it committed: this is the response stored
-            if claim.outcome != "new":   # another request took the key over
-                return contract.claim_lost()
+            if claim.outcome != "new":
+                return contract.after_lost_commit(claim, answer, self.options)
             pending = pending._replace(fence=claim.fence)
             contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
         await self._abandon(held.conn, pending)
@@ -131,13 +133,16 @@ class IdempotencyMiddleware:
 
     async def _claim(self, held: "_Held", pending: contract.Pending) -> Claim:
         """Claims with the request's token on a fresh connection, committed at
-        once; when the answer is lost, asks again on another (contract.CLAIM_BACKOFF)."""
+        once (with one transaction: BEGIN and the claim, in one round trip,
+        left open for the app); when the answer is lost, asks again on
+        another (contract.CLAIM_BACKOFF)."""
         for pause in (*contract.CLAIM_BACKOFF, None):
             try:
                 return await self.client.claim(
                     pending.key, pending.fingerprint, scope=pending.scope, lease=self.options.lease,
-                    retention=self.options.retention, token=pending.token,
-                    conn=await held.take(), commit=True)
+                    retention=self.options.retention, wait=self.options.wait, token=pending.token,
+                    conn=await held.take(), commit=not self.options.one_transaction,
+                    begin=True)
             except psycopg.Error as err:
                 if pause is None or not contract.answer_lost(err):
                     raise
@@ -163,7 +168,9 @@ class IdempotencyMiddleware:
         """Rolls the app's writes back and ends the claim: a 5xx response
         (failed) goes to complete, which releases the key or, with
         idempotency.store_server_errors on, stores the response; otherwise,
-        or when complete fails, the key is released for the next retry."""
+        or when complete fails, the key is released for the next retry.
+        With one transaction the claim rolled back with the writes: only a
+        5xx kept by that setting is written."""
         try:
             await conn.rollback()
         except psycopg.Error as err:
@@ -172,6 +179,15 @@ class IdempotencyMiddleware:
             contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
             conn = None
         if pending.fence is None:
+            return
+        if self.options.one_transaction:
+            if failed is not None:
+                try:
+                    kept = contract.server_error(pending, failed, self.options)
+                    await self.client.keep_server_error(conn=conn, **kept)
+                except psycopg.Error as err:
+                    contract.log.error("idempotency: could not keep the %d of %r: %s",
+                                       failed.status, pending.key, err)
             return
         if failed is not None:
             try:
@@ -202,11 +218,13 @@ class _Held:
         self.autocommit = False
 
     async def take(self):
-        """Gives back the connection held, and takes a fresh one, out of autocommit."""
+        """Gives back the connection held, and takes a fresh one in autocommit:
+        the middleware sends BEGIN itself, with the claim (psycopg's own
+        BEGIN would cost a round trip of its own)."""
         await self.give_back()
         self.conn = await self.pool.getconn()
         self.autocommit = self.conn.autocommit
-        await self.conn.set_autocommit(False)
+        await self.conn.set_autocommit(True)
         return self.conn
 
     async def give_back(self) -> None:

@@ -9,6 +9,7 @@ trip (the call and the business writes commit together or not at all).
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Optional, Union
@@ -19,12 +20,23 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from .telemetry import Telemetry, outcome, release_outcome
+
 Interval = Union[str, timedelta, None]
 
 CLAIM = """SELECT * FROM idempotency.claim(%s, %s, scope => %s, lease => %s::interval,
                                           retention => %s::interval, wait => %s::interval,
                                           token => %s::uuid)"""
 COMPLETE = "SELECT idempotency.complete(%s, %s, %s, %s, %s, %s)"
+# With one transaction, after a 5xx rolled the claim back with the rest:
+# claims the key again and stores the 5xx in one statement, when
+# idempotency.store_server_errors is on (else it does nothing: the key is free).
+KEEP_SERVER_ERROR = """SELECT idempotency.complete(%(key)s, c.fence, %(status)s, %(body)s, %(headers)s,
+                                               %(scope)s)
+  FROM idempotency.claim(%(key)s, %(fingerprint)s, scope => %(scope)s, lease => %(lease)s::interval,
+                         retention => %(retention)s::interval, wait => %(wait)s::interval) AS c
+ WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean
+   AND c.outcome OPERATOR(pg_catalog.=) 'new'"""
 RELEASE = "SELECT idempotency.release(%s, %s, %s)"
 EXTEND = "SELECT idempotency.extend(%s, %s, %s::interval, %s)"
 CHECKPOINT = "SELECT idempotency.checkpoint(%s, %s, %s, %s, %s)"
@@ -77,9 +89,27 @@ def _json(value: Any) -> Optional[Jsonb]:
     return None if value is None else Jsonb(value)
 
 
+def _kept(key, fingerprint, status, body, headers, scope, lease, retention, wait) -> dict:
+    """The parameters of KEEP_SERVER_ERROR."""
+    return {"key": key, "fingerprint": fingerprint, "status": status, "body": body,
+            "headers": _json(headers), "scope": scope, "lease": lease, "retention": retention,
+            "wait": wait}
+
+
 def _first_column(_cursor):
     """A row factory: each row is the value of its one column."""
     return lambda values: values[0]
+
+
+def _pipeline(conn):
+    """conn's pipeline, where libpq has one (14 or later): what is sent in
+    it travels together; else a block that does nothing (one round trip each)."""
+    return conn.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
+
+
+def _async_pipeline(conn):
+    """As _pipeline, for an AsyncConnection."""
+    return conn.pipeline() if psycopg.AsyncPipeline.is_supported() else AsyncExitStack()
 
 
 def _idle(conn) -> bool:
@@ -90,31 +120,60 @@ def _idle(conn) -> bool:
 class Client:
     """The extension's functions on a psycopg_pool.ConnectionPool (blocking)."""
 
-    def __init__(self, pool):
-        """pool: a psycopg_pool.ConnectionPool on a database with the extension."""
+    def __init__(self, pool, *, tracer_provider=None):
+        """pool: a psycopg_pool.ConnectionPool on a database with the
+        extension; tracer_provider: OpenTelemetry's (None: the global one)."""
         self.pool = pool
+        self.telemetry = Telemetry(tracer_provider)
 
     def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
               lease: Interval = None, retention: Interval = None, wait: Interval = None,
-              token: Optional[UUID] = None, conn=None, commit: bool = False) -> Claim:
+              token: Optional[UUID] = None, conn=None, commit: bool = False,
+              begin: bool = False) -> Claim:
         """Claims key: see Claim.outcome. Commit the claim at once (the
         default without conn) so that a concurrent retry sees it. token: this
         attempt's id; claimed again with it, the live claim it made answers
-        new again with the same fence (its answer was lost)."""
-        return self._call(conn, commit, CLAIM,
-                          (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
+        new again with the same fence (its answer was lost). begin, with
+        conn idle in autocommit: opens a transaction on conn in the same round
+        trip, for the claim (without commit) or after it (with commit)."""
+        with self.telemetry.span("claim", key) as span:
+            claim = self._call(conn, commit, CLAIM,
+                               (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim),
+                               begin)
+            outcome(span, claim.outcome, claim.attempt)
+            return claim
 
     def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
                  headers: Optional[dict] = None, *, scope: Optional[str] = None,
                  conn=None, commit: bool = False) -> str:
         """Stores the response: 'stored', or 'released' for a 5xx; ClaimLost when the fence lost."""
-        return self._call(conn, commit, COMPLETE,
-                          (key, fence, status_code, body, _json(headers), scope))
+        with self.telemetry.span("complete", key) as span:
+            answer = self._call(conn, commit, COMPLETE,
+                                (key, fence, status_code, body, _json(headers), scope))
+            outcome(span, answer)
+            return answer
+
+    def keep_server_error(self, key: str, fingerprint: bytes, status_code: int, body: Optional[bytes],
+                          headers: Optional[dict], *, scope: Optional[str] = None,
+                          lease: Interval = None, retention: Interval = None, wait: Interval = None,
+                          conn=None) -> Optional[str]:
+        """After a 5xx in one transaction (the claim rolled back with it):
+        stores the 5xx under a claim of its own, committed at once, when
+        idempotency.store_server_errors is on; None when it is off or
+        another request holds the key."""
+        with self.telemetry.span("complete", key) as span:
+            answer = self._call(conn, True, KEEP_SERVER_ERROR, _kept(
+                key, fingerprint, status_code, body, headers, scope, lease, retention, wait))
+            outcome(span, answer or "released")   # not kept: the key is free
+            return answer
 
     def release(self, key: str, fence: int, *, scope: Optional[str] = None,
                 conn=None, commit: bool = False) -> bool:
         """Frees the key for the next retry; False when this fence no longer owns it."""
-        return self._call(conn, commit, RELEASE, (key, fence, scope))
+        with self.telemetry.span("release", key) as span:
+            released = self._call(conn, commit, RELEASE, (key, fence, scope))
+            outcome(span, release_outcome(released))
+            return released
 
     def extend(self, key: str, fence: int, lease: Interval = None, *,
                scope: Optional[str] = None, conn=None, commit: bool = False) -> datetime:
@@ -131,25 +190,40 @@ class Client:
         """Returns the record as claim would see it, or None (read only)."""
         return self._call(conn, False, LOOKUP, (key, scope), class_row(Record))
 
-    def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column):
+    def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column,
+              begin: bool = False):
         """Runs one function on conn, or alone on a connection of the pool."""
         if conn is None:
             with self.pool.connection() as conn:
                 return self._call(conn, True, sql, params, row_factory)
         try:
-            return self._execute(conn, commit, sql, params, row_factory)
+            return self._execute(conn, commit, sql, params, row_factory, begin)
         except psycopg.Error as err:
             if err.sqlstate == "IK001":
                 raise ClaimLost(str(err)) from err
             raise
 
     @staticmethod
-    def _execute(conn, commit: bool, sql: str, params: tuple, row_factory):
-        """Executes sql; with commit, commits conn's transaction in the same round trip.
-        Never as a prepared statement: behind pgbouncer in transaction mode
-        the next transaction may run on a server connection without it."""
+    def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
+        """Executes sql; with commit, commits conn's transaction in the same
+        round trip; with begin, on an idle connection in autocommit, opens a
+        transaction in the same round trip: sql runs in it, or, with commit,
+        commits first in a transaction of its own (BEGIN, sql, COMMIT, BEGIN:
+        without the first BEGIN, statements sent together before a Sync
+        would share one implicit transaction that the last BEGIN takes
+        over, and sql would not commit). Never as a
+        prepared statement: behind pgbouncer in transaction mode the next
+        transaction may run on a server connection without it."""
         cur = conn.cursor(row_factory=row_factory)
-        if not commit or conn.autocommit:
+        if begin and conn.autocommit and _idle(conn):
+            with _pipeline(conn):
+                conn.execute("BEGIN", prepare=False)
+                cur.execute(sql, params, prepare=False)
+                if commit:
+                    conn.execute("COMMIT", prepare=False)
+                    conn.execute("BEGIN", prepare=False)
+            return cur.fetchone()
+        if not commit or (conn.autocommit and _idle(conn)):
             return cur.execute(sql, params, prepare=False).fetchone()
         if _idle(conn):
             # A statement alone commits by itself: no BEGIN, no COMMIT.
@@ -158,7 +232,7 @@ class Client:
                 return cur.execute(sql, params, prepare=False).fetchone()
             finally:
                 conn.autocommit = False
-        with conn.pipeline():
+        with _pipeline(conn):
             cur.execute(sql, params, prepare=False)
             conn.execute("COMMIT", prepare=False)
         return cur.fetchone()
@@ -167,28 +241,53 @@ class Client:
 class AsyncClient:
     """The same functions on a psycopg_pool.AsyncConnectionPool (asyncio)."""
 
-    def __init__(self, pool):
-        """pool: a psycopg_pool.AsyncConnectionPool on a database with the extension."""
+    def __init__(self, pool, *, tracer_provider=None):
+        """pool: a psycopg_pool.AsyncConnectionPool on a database with the
+        extension; tracer_provider: OpenTelemetry's (None: the global one)."""
         self.pool = pool
+        self.telemetry = Telemetry(tracer_provider)
 
     async def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
                     lease: Interval = None, retention: Interval = None, wait: Interval = None,
-                    token: Optional[UUID] = None, conn=None, commit: bool = False) -> Claim:
+                    token: Optional[UUID] = None, conn=None, commit: bool = False,
+                    begin: bool = False) -> Claim:
         """As Client.claim."""
-        return await self._call(conn, commit, CLAIM,
-                                (key, fingerprint, scope, lease, retention, wait, token), class_row(Claim))
+        with self.telemetry.span("claim", key) as span:
+            claim = await self._call(conn, commit, CLAIM,
+                                     (key, fingerprint, scope, lease, retention, wait, token),
+                                     class_row(Claim), begin)
+            outcome(span, claim.outcome, claim.attempt)
+            return claim
 
     async def complete(self, key: str, fence: int, status_code: int, body: Optional[bytes] = None,
                        headers: Optional[dict] = None, *, scope: Optional[str] = None,
                        conn=None, commit: bool = False) -> str:
         """As Client.complete."""
-        return await self._call(conn, commit, COMPLETE,
-                                (key, fence, status_code, body, _json(headers), scope))
+        with self.telemetry.span("complete", key) as span:
+            answer = await self._call(conn, commit, COMPLETE,
+                                      (key, fence, status_code, body, _json(headers), scope))
+            outcome(span, answer)
+            return answer
+
+    async def keep_server_error(self, key: str, fingerprint: bytes, status_code: int,
+                                body: Optional[bytes], headers: Optional[dict], *,
+                                scope: Optional[str] = None, lease: Interval = None,
+                                retention: Interval = None, wait: Interval = None,
+                                conn=None) -> Optional[str]:
+        """As Client.keep_server_error."""
+        with self.telemetry.span("complete", key) as span:
+            answer = await self._call(conn, True, KEEP_SERVER_ERROR, _kept(
+                key, fingerprint, status_code, body, headers, scope, lease, retention, wait))
+            outcome(span, answer or "released")   # not kept: the key is free
+            return answer
 
     async def release(self, key: str, fence: int, *, scope: Optional[str] = None,
                       conn=None, commit: bool = False) -> bool:
         """As Client.release."""
-        return await self._call(conn, commit, RELEASE, (key, fence, scope))
+        with self.telemetry.span("release", key) as span:
+            released = await self._call(conn, commit, RELEASE, (key, fence, scope))
+            outcome(span, release_outcome(released))
+            return released
 
     async def extend(self, key: str, fence: int, lease: Interval = None, *,
                      scope: Optional[str] = None, conn=None, commit: bool = False) -> datetime:
@@ -205,23 +304,32 @@ class AsyncClient:
         """As Client.lookup."""
         return await self._call(conn, False, LOOKUP, (key, scope), class_row(Record))
 
-    async def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column):
+    async def _call(self, conn, commit: bool, sql: str, params: tuple, row_factory=_first_column,
+                    begin: bool = False):
         """As Client._call."""
         if conn is None:
             async with self.pool.connection() as conn:
                 return await self._call(conn, True, sql, params, row_factory)
         try:
-            return await self._execute(conn, commit, sql, params, row_factory)
+            return await self._execute(conn, commit, sql, params, row_factory, begin)
         except psycopg.Error as err:
             if err.sqlstate == "IK001":
                 raise ClaimLost(str(err)) from err
             raise
 
     @staticmethod
-    async def _execute(conn, commit: bool, sql: str, params: tuple, row_factory):
+    async def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
         """As Client._execute."""
         cur = conn.cursor(row_factory=row_factory)
-        if not commit or conn.autocommit:
+        if begin and conn.autocommit and _idle(conn):
+            async with _async_pipeline(conn):
+                await conn.execute("BEGIN", prepare=False)
+                await cur.execute(sql, params, prepare=False)
+                if commit:
+                    await conn.execute("COMMIT", prepare=False)
+                    await conn.execute("BEGIN", prepare=False)
+            return await cur.fetchone()
+        if not commit or (conn.autocommit and _idle(conn)):
             return await (await cur.execute(sql, params, prepare=False)).fetchone()
         if _idle(conn):
             await conn.set_autocommit(True)
@@ -229,7 +337,7 @@ class AsyncClient:
                 return await (await cur.execute(sql, params, prepare=False)).fetchone()
             finally:
                 await conn.set_autocommit(False)
-        async with conn.pipeline():
+        async with _async_pipeline(conn):
             await cur.execute(sql, params, prepare=False)
             await conn.execute("COMMIT", prepare=False)
         return await cur.fetchone()

@@ -84,11 +84,33 @@ class Options:
     retention: Interval = None
     store_headers: Iterable[str] = ("Content-Type", "Location")
     scope: Optional[Callable[[Any], str]] = None
+    tracer_provider: Any = None
+    one_transaction: bool = False
+    wait: Interval = None
 
     def __post_init__(self):
-        """Normalises the case of methods and header names."""
+        """Normalises the case of methods and header names; one transaction
+        needs a positive wait (2 seconds unless given)."""
         self.methods = frozenset(m.upper() for m in self.methods)
         self.store_headers = frozenset(h.lower() for h in self.store_headers)
+        if self.one_transaction:
+            if self.wait is None:
+                self.wait = ONE_TRANSACTION_WAIT
+            if not _positive(self.wait):
+                raise ValueError("one_transaction needs a positive wait: a duplicate would "
+                                 "otherwise wait for the first without a bound")
+
+
+# How long, with one transaction, a duplicate waits for the request it
+# repeats to commit or roll back before it answers 409.
+ONE_TRANSACTION_WAIT = "2 seconds"
+
+
+def _positive(interval: Interval) -> bool:
+    """True for a timedelta above zero, or an interval's text with a digit other than 0."""
+    if isinstance(interval, timedelta):
+        return interval > timedelta(0)
+    return any(c in "123456789" for c in str(interval))
 
 
 def parse_key(values: Sequence[str]) -> Optional[str]:
@@ -233,6 +255,25 @@ def outcome_unknown(err: BaseException) -> Answer:
                    "retry it: it is replayed if it completed.", retry_after=1)
 
 
+def after_lost_commit(claim: Claim, answer: Answer, options: Options) -> Answer:
+    """The answer when a claim asked again after a lost COMMIT is not new:
+    replay, it committed (two transactions: the claim was ours, so this is
+    the handler's answer; one: the stored response, perhaps a duplicate's);
+    otherwise another request took the key (two transactions: 409 claim
+    lost; one: its claim's answer, 409 in progress)."""
+    if options.one_transaction:
+        return answer_claim(claim)
+    return answer if claim.outcome == "replay" else claim_lost()
+
+
+def server_error(pending: Pending, failed: Answer, options: Options) -> dict:
+    """The arguments of keep_server_error() for a 5xx in one transaction."""
+    return {"key": pending.key, "fingerprint": pending.fingerprint, "status_code": failed.status,
+            "body": failed.body, "headers": headers_to_store(failed.headers, options),
+            "scope": pending.scope, "lease": options.lease, "retention": options.retention,
+            "wait": options.wait}
+
+
 def claim_lost() -> Answer:
     """The answer when complete() found that a retry took the claim over."""
     return problem("idempotency_claim_lost", retry_after=1)
@@ -244,6 +285,23 @@ def refused_key(err: psycopg.Error) -> Optional[Answer]:
     if err.sqlstate == "22023" and err.diag.message_primary == "invalid idempotency key":
         return problem("idempotency_key_invalid", "The extension refused this Idempotency-Key.")
     return None
+
+
+# 408 Request Timeout: what a timeout layer inside the middleware answers
+# after it cancelled the handler (a layer's answer looks like the handler's
+# to the middleware otherwise). A handler that finished does not answer
+# that the request timed out; if one does, its retry runs again.
+UNFINISHED = frozenset({408})
+
+
+def unfinished(status: int) -> bool:
+    """True when a response says the handler did not finish: it never commits
+    the handler's writes and is never stored; the key is released."""
+    if status in UNFINISHED:
+        log.warning("idempotency: a %d says the handler did not finish: "
+                    "its writes roll back and its key is released", status)
+        return True
+    return False
 
 
 def answer_claim(claim: Claim) -> Optional[Answer]:

@@ -35,18 +35,25 @@ from django.http import HttpResponse
 from django.utils.module_loading import import_string
 
 from . import contract
-from .client import CLAIM, COMPLETE, RELEASE, Claim, _json
+from .client import CLAIM, COMPLETE, KEEP_SERVER_ERROR, RELEASE, Claim, _json
+from .telemetry import Telemetry, outcome, release_outcome
 
 IK001 = "IK001"
 
 
 class _Attempt(NamedTuple):
     """One run of the view in its transaction: its response and body, whether
-    it failed (rolled back), or the DatabaseError that ended the transaction."""
+    it failed (rolled back), or the DatabaseError that ended the transaction.
+    With one transaction also the claim made in it (pending), and whether the
+    claim answered instead of the view (settled) or the view must run
+    unguarded (fail_open after a failed claim)."""
     response: Optional[HttpResponse] = None
     body: bytes = b""
     failed: bool = False
     error: Optional[DatabaseError] = None
+    pending: Optional[contract.Pending] = None
+    settled: bool = False
+    unguarded: bool = False
 
 
 class _Step(NamedTuple):
@@ -59,7 +66,8 @@ class _Step(NamedTuple):
 class IdempotencyMiddleware:
     """Guards the project's POST and PATCH requests with Idempotency-Key.
     Settings: IDEMPOTENCY, a dict of contract.Options and "using" (the
-    database alias, default "default"); "scope" may be a dotted path."""
+    database alias, default "default"); "scope" and "tracer_provider" may
+    be dotted paths."""
 
     sync_capable = True
     async_capable = True
@@ -72,9 +80,11 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
         options = dict(getattr(settings, "IDEMPOTENCY", {}))
         self.using = options.pop("using", "default")
-        if isinstance(options.get("scope"), str):
-            options["scope"] = import_string(options["scope"])
+        for name in ("scope", "tracer_provider"):
+            if isinstance(options.get(name), str):
+                options[name] = import_string(options[name])
         self.options = contract.Options(**options)
+        self.telemetry = Telemetry(self.options.tracer_provider)
 
     def __call__(self, request):
         """Serves one request: covered methods are guarded."""
@@ -135,6 +145,8 @@ class IdempotencyMiddleware:
         scope = contract.claim_scope(self.options, request, headers)
         pending = contract.Pending(key, scope, None, uuid.uuid4(),
                                    contract.wsgi_fingerprint(request.META, request.method, body))
+        if self.options.one_transaction:
+            return None, pending   # claimed in the view's block
         try:
             claim = self._claim(pending)
         except DatabaseError as err:
@@ -149,12 +161,17 @@ class IdempotencyMiddleware:
         return None, pending._replace(fence=claim.fence)
 
     def _attempt(self, request, pending: contract.Pending) -> _Attempt:
-        """Runs the view in a transaction that commits with its stored response."""
-        attempt = _Attempt()
+        """Runs the view in a transaction that commits with its stored response
+        (with one transaction, after the claim in that transaction)."""
+        attempt = _Attempt(pending=pending)
         try:
             with transaction.atomic(using=self.using):
+                attempt = self._claim_in_block(pending)
+                if attempt.settled or attempt.unguarded:
+                    return attempt
+                pending = attempt.pending
                 response = self.get_response(request)
-                attempt = _Attempt(response, _content(response))
+                attempt = _Attempt(response, _content(response), pending=pending)
                 return attempt._replace(failed=self._store(request, pending, response, attempt.body))
         except DatabaseError as err:
             return attempt._replace(error=err)
@@ -165,15 +182,18 @@ class IdempotencyMiddleware:
         Django rolls back and releases the key."""
         atomic = transaction.atomic(using=self.using)
         await sync_to_async(atomic.__enter__)()
-        attempt = _Attempt()
+        attempt = _Attempt(pending=pending)
         try:
-            response = await self.get_response(request)
-            attempt = _Attempt(response, await _acontent(response))
-            attempt = attempt._replace(
-                failed=await sync_to_async(self._store)(request, pending, response, attempt.body))
+            attempt = await sync_to_async(self._claim_in_block)(pending)
+            if not (attempt.settled or attempt.unguarded):
+                pending = attempt.pending
+                response = await self.get_response(request)
+                attempt = _Attempt(response, await _acontent(response), pending=pending)
+                attempt = attempt._replace(
+                    failed=await sync_to_async(self._store)(request, pending, response, attempt.body))
         except BaseException as err:
             # One call, so that it runs to its end even if this task is cancelled again.
-            await sync_to_async(self._leave_failed)(atomic, err, pending)
+            await sync_to_async(self._leave_failed)(atomic, err, attempt.pending)
             if isinstance(err, DatabaseError):
                 return attempt._replace(error=err)
             raise
@@ -182,6 +202,30 @@ class IdempotencyMiddleware:
         except DatabaseError as err:
             return attempt._replace(error=err)
         return attempt
+
+    def _claim_in_block(self, pending: contract.Pending) -> _Attempt:
+        """With one transaction, in the view's block: claims the key. Returns
+        the attempt to go on with (its pending holds the fence), or one
+        settled by the claim's answer (its transaction rolls back), or one
+        to run unguarded; raises when the claim's answer is lost."""
+        if not (self.options.one_transaction and pending.key is not None):
+            return _Attempt(pending=pending)
+        try:
+            claim = self._claim_once(pending)
+        except DatabaseError as err:
+            transaction.set_rollback(True, using=self.using)
+            if contract.answer_lost(err.__cause__):
+                raise
+            refusal = contract.refused_key(err.__cause__) if _sqlstate(err) else None
+            if refusal or not self.options.fail_open:
+                return _Attempt(_response(refusal or contract.unavailable(err)), settled=True)
+            contract.log.error("idempotency: running unguarded: %s", err)
+            return _Attempt(unguarded=True)
+        answer = contract.answer_claim(claim)
+        if answer:
+            transaction.set_rollback(True, using=self.using)
+            return _Attempt(_response(answer), settled=True)
+        return _Attempt(pending=pending._replace(fence=claim.fence))
 
     def _leave_failed(self, atomic, err: BaseException, pending: contract.Pending) -> None:
         """Leaves the block after err (it rolls back); what is not a database
@@ -200,24 +244,30 @@ class IdempotencyMiddleware:
         if failed:
             transaction.set_rollback(True, using=self.using)
         elif pending.fence is not None:
-            self._call(COMPLETE, pending.key, pending.fence, response.status_code, body,
-                       _json(contract.headers_to_store(response.items(), self.options)),
-                       pending.scope)
+            self._complete(pending, response.status_code, body, response.items())
         return failed
 
     def _settle(self, request, pending: contract.Pending, attempt: _Attempt) -> _Step:
         """After an attempt: the response, or, when the COMMIT's answer was
         lost, claims again with the token: replay means it committed (the
         view's response goes out), new that it rolled back (the view runs again)."""
+        if attempt.settled:
+            return _Step(attempt.response)
+        if attempt.unguarded:
+            return _Step(None, contract.Pending())
+        pending = attempt.pending or pending
         err = attempt.error
         if err is None:
             if attempt.failed:
+                status = attempt.response.status_code
                 raised = getattr(request, "_idempotency_raised", False)
-                self._abandon(pending, None if raised else contract.Answer(
-                    attempt.response.status_code, list(attempt.response.items()), attempt.body))
+                self._abandon(pending, None if raised or status < 500 else contract.Answer(
+                    status, list(attempt.response.items()), attempt.body))
             return _Step(attempt.response)
         if _sqlstate(err) == IK001:
             return _Step(_response(contract.claim_lost()))
+        if self.options.one_transaction:
+            return self._settle_lost(pending, err)
         if pending.fence is None or not contract.answer_lost(err.__cause__):
             self._abandon(pending)
             return _Step(_response(contract.unavailable(err)))
@@ -233,6 +283,17 @@ class IdempotencyMiddleware:
         contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
         return _Step(None, pending._replace(fence=claim.fence), err)
 
+    def _settle_lost(self, pending: contract.Pending, err: DatabaseError) -> _Step:
+        """With one transaction, after the block failed: nothing of it
+        committed but when its COMMIT's answer was lost, so the attempt runs
+        again on a fresh connection and its claim tells: replay (it committed,
+        or a duplicate did after it) or new (the view runs again)."""
+        if pending.key is None or not contract.answer_lost(err.__cause__):
+            return _Step(_response(contract.unavailable(err)))
+        connections[self.using].close()
+        contract.log.warning("idempotency: the transaction of %r lost its answer; claiming again", pending.key)
+        return _Step(None, pending._replace(fence=None), err)
+
     def _give_up(self, step: _Step) -> HttpResponse:
         """After contract.RERUNS COMMITs that rolled back: releases the key, 503."""
         self._abandon(step.pending)
@@ -245,10 +306,17 @@ class IdempotencyMiddleware:
         or when complete fails, the key is released for the next retry."""
         if pending.fence is None:
             return
+        if self.options.one_transaction:
+            if failed is not None:
+                try:
+                    self._keep_server_error(pending, failed)
+                except DatabaseError as err:
+                    contract.log.error("idempotency: could not keep the %d of %r: %s",
+                                       failed.status, pending.key, err)
+            return
         if failed is not None:
             try:
-                self._call(COMPLETE, pending.key, pending.fence, failed.status, failed.body,
-                           _json(contract.headers_to_store(failed.headers, self.options)), pending.scope)
+                self._complete(pending, failed.status, failed.body, failed.headers)
                 return
             except DatabaseError as err:
                 if _sqlstate(err) == IK001:
@@ -256,7 +324,8 @@ class IdempotencyMiddleware:
                 contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
                                    pending.key, failed.status, err)
         try:
-            self._call(RELEASE, pending.key, pending.fence, pending.scope)
+            with self.telemetry.span("release", pending.key) as span:
+                outcome(span, release_outcome(self._call(RELEASE, pending.key, pending.fence, pending.scope)))
         except DatabaseError as err:
             contract.log.error("idempotency: could not release %r: %s", pending.key, err)
 
@@ -278,15 +347,41 @@ class IdempotencyMiddleware:
 
     def _claim_once(self, pending: contract.Pending) -> Claim:
         """One claim on Django's connection."""
+        with self.telemetry.span("claim", pending.key) as span:
+            claim = self._claim_row(pending)
+            outcome(span, claim.outcome, claim.attempt)
+            return claim
+
+    def _claim_row(self, pending: contract.Pending) -> Claim:
+        """Runs claim on Django's connection; returns its row."""
         with connections[self.using].cursor() as cursor:
             cursor.execute(CLAIM, (pending.key, pending.fingerprint, pending.scope, self.options.lease,
-                                   self.options.retention, None, pending.token))
+                                   self.options.retention, self.options.wait, pending.token))
             row = dict(zip((column.name for column in cursor.description), cursor.fetchone()))
         if isinstance(row["headers"], str):   # Django loads jsonb as text
             row["headers"] = json.loads(row["headers"])
         if row["body"] is not None:
             row["body"] = bytes(row["body"])
         return Claim(**row)
+
+    def _complete(self, pending: contract.Pending, status: int, body: bytes, headers) -> str:
+        """Stores a response with complete() on Django's connection."""
+        with self.telemetry.span("complete", pending.key) as span:
+            answer = self._call(COMPLETE, pending.key, pending.fence, status, body,
+                                _json(contract.headers_to_store(headers, self.options)), pending.scope)
+            outcome(span, answer)
+            return answer
+
+    def _keep_server_error(self, pending: contract.Pending, failed: contract.Answer) -> None:
+        """With one transaction, after a 5xx: stores it under a claim of its
+        own when idempotency.store_server_errors is on (client.KEEP_SERVER_ERROR)."""
+        kept = contract.server_error(pending, failed, self.options)
+        params = {**kept, "status": kept.pop("status_code"), "headers": _json(kept["headers"])}
+        with self.telemetry.span("complete", pending.key) as span:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(KEEP_SERVER_ERROR, params)
+                row = cursor.fetchone()
+            outcome(span, row[0] if row else "released")
 
     def _call(self, sql: str, *params):
         """Runs one of the extension's functions on Django's connection."""
@@ -296,8 +391,10 @@ class IdempotencyMiddleware:
 
 
 def _failed(request, response) -> bool:
-    """True when the view raised or answered 5xx: its writes roll back."""
-    return getattr(request, "_idempotency_raised", False) or response.status_code >= 500
+    """True when the view raised, answered 5xx, or did not finish (a 408
+    from a timeout inside): its writes roll back."""
+    return (getattr(request, "_idempotency_raised", False) or response.status_code >= 500
+            or contract.unfinished(response.status_code))
 
 
 def _content(response) -> bytes:

@@ -31,8 +31,8 @@ class Idempotency:
     def __init__(self, app=None, *, pool, **options):
         """pool: a psycopg_pool.ConnectionPool; options: see contract.Options."""
         self.pool = pool
-        self.client = Client(pool)
         self.options = contract.Options(**options)
+        self.client = Client(pool, tracer_provider=self.options.tracer_provider)
         if app is not None:
             self.init_app(app)
 
@@ -52,7 +52,7 @@ class Idempotency:
             return _response(refusal)
         if key is None:
             try:
-                self._take()
+                self._take(begin=True)
             except psycopg.Error as err:
                 return self._unguarded(err)
             g.idempotency = contract.Pending()
@@ -70,13 +70,17 @@ class Idempotency:
         g.idempotency = pending._replace(fence=claim.fence)
         return None
 
-    def _take(self):
-        """Gives the request a fresh connection of the pool, out of autocommit,
-        as g.db (the one it had goes back)."""
+    def _take(self, begin: bool = False):
+        """Gives the request a fresh connection of the pool, as g.db (the one
+        it had goes back), in autocommit: the extension sends BEGIN itself,
+        with the claim (psycopg's own BEGIN would cost a round trip of its
+        own), or at once with begin."""
         self._give_back()
         g.db = self.pool.getconn()
         g.db_autocommit = g.db.autocommit
-        g.db.autocommit = False
+        g.db.autocommit = True
+        if begin:
+            g.db.execute("BEGIN", prepare=False)
         return g.db
 
     def _give_back(self) -> None:
@@ -92,13 +96,17 @@ class Idempotency:
         self.pool.putconn(conn)
 
     def _claim(self, pending: contract.Pending) -> Claim:
-        """Claims with the request's token on a fresh g.db, committed at once;
-        when the answer is lost, asks again on another (contract.CLAIM_BACKOFF)."""
+        """Claims with the request's token on a fresh g.db, committed at once
+        (with one transaction: BEGIN and the claim, in one round trip, left
+        open for the view); when the answer is lost, asks again on another
+        (contract.CLAIM_BACKOFF)."""
         for pause in (*contract.CLAIM_BACKOFF, None):
             try:
                 return self.client.claim(pending.key, pending.fingerprint, scope=pending.scope,
                                          lease=self.options.lease, retention=self.options.retention,
-                                         token=pending.token, conn=self._take(), commit=True)
+                                         wait=self.options.wait, token=pending.token,
+                                         conn=self._take(), commit=not self.options.one_transaction,
+                                         begin=True)
             except psycopg.Error as err:
                 if pause is None or not contract.answer_lost(err):
                     raise
@@ -116,14 +124,17 @@ class Idempotency:
             return _response(contract.unavailable(err))
         contract.log.error("idempotency: running unguarded: %s", err)
         try:
-            self._take()
+            self._take(begin=True)
         except psycopg.Error:
             g.db = None
         g.idempotency = contract.Pending()
         return None
 
     def _after(self, response):
-        """Ends the view's transaction: complete and commit; a 5xx is left to _teardown."""
+        """Ends the view's transaction: complete and commit; a 5xx is left to
+        _teardown (as is the ROLLBACK of the claim's own answer's transaction:
+        not after the answer, through call_on_close, which a test client
+        that does not close its responses would never call)."""
         pending = g.get("idempotency")
         if pending is None or g.get("db") is None:
             return response
@@ -139,6 +150,8 @@ class Idempotency:
                 contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again",
                                      pending.key)
                 response = current_app.make_response(current_app.dispatch_request())
+            if contract.unfinished(response.status_code):
+                return response    # _teardown rolls back and releases the key
             if response.status_code >= 500:
                 # _teardown ends it: there Flask says whether the view raised.
                 g.idempotency_failed = contract.Answer(
@@ -158,10 +171,10 @@ class Idempotency:
                 claim = self._claim(pending)
             except psycopg.Error as again:
                 return _done(_response(contract.outcome_unknown(again)))
-            if claim.outcome == "replay":
-                return _done(response)      # it committed: this is the response stored
-            if claim.outcome != "new":      # another request took the key over
-                return _done(_response(contract.claim_lost()))
+            if claim.outcome != "new":
+                answer = contract.Answer(response.status_code, [], b"")
+                after = contract.after_lost_commit(claim, answer, self.options)
+                return _done(response if after is answer else _response(after))
             pending = g.idempotency = pending._replace(fence=claim.fence)
         return _response(contract.outcome_unknown(lost))    # _teardown releases the claim
 
@@ -179,7 +192,9 @@ class Idempotency:
         """Rolls the view's writes back and ends the claim: a 5xx response
         (failed) goes to complete, which releases the key or, with
         idempotency.store_server_errors on, stores the response; otherwise,
-        or when complete fails, the key is released for the next retry."""
+        or when complete fails, the key is released for the next retry.
+        With one transaction the claim rolled back with the writes: only a
+        5xx kept by that setting is written."""
         try:
             conn.rollback()
         except psycopg.Error as err:
@@ -188,6 +203,15 @@ class Idempotency:
             contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
             conn = None
         if pending.fence is None:
+            return
+        if self.options.one_transaction:
+            if failed is not None:
+                try:
+                    kept = contract.server_error(pending, failed, self.options)
+                    self.client.keep_server_error(conn=conn, **kept)
+                except psycopg.Error as err:
+                    contract.log.error("idempotency: could not keep the %d of %r: %s",
+                                       failed.status, pending.key, err)
             return
         if failed is not None:
             try:

@@ -66,12 +66,13 @@ MIN_LEASE = timedelta(milliseconds=1)
 class PostgresPersistenceLayer(BasePersistenceLayer):
     """Powertools' idempotency records kept by the idempotency extension."""
 
-    def __init__(self, pool, *, scope: Optional[str] = None):
+    def __init__(self, pool, *, scope: Optional[str] = None, tracer_provider=None):
         """pool: a psycopg_pool.ConnectionPool on a database with the
         extension; scope: the records' scope (None: the idempotency.scope
-        setting, '' when unset)."""
+        setting, '' when unset); tracer_provider: OpenTelemetry's for the
+        spans (None: the global one)."""
         super().__init__()
-        self.client = Client(pool)
+        self.client = Client(pool, tracer_provider=tracer_provider)
         self.scope = scope
         # The fences of the claims this thread's invocations hold, by key:
         # an invocation that timed out and one that took its key over never
