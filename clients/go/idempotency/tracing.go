@@ -29,8 +29,8 @@ const (
 
 // What a release span's outcome says.
 const (
-	outcomeReleased    = "released"     // the claim was deleted
-	outcomeNotReleased = "not_released" // this fence did not hold it any more
+	outcomeReleased    = "released"  // the claim was deleted
+	outcomeNotReleased = "not_owned" // this fence did not hold it any more
 )
 
 // KeyHash is what the spans say of a key: the first 16 lowercase hex digits

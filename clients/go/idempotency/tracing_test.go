@@ -229,7 +229,7 @@ func TestTracingGlobalProvider(t *testing.T) {
 	takeSpans(t, exporter, false, p.Key, nil,
 		spanWant{name: "idempotency.claim", outcome: "new", attempt: 1},
 		spanWant{name: "idempotency.release", outcome: "released"},
-		spanWant{name: "idempotency.release", outcome: "not_released"})
+		spanWant{name: "idempotency.release", outcome: "not_owned"})
 
 	p.Key = strings.Repeat("k", 256) // over 255 bytes
 	if _, err := Claim(ctx, pool, p); SQLState(err) != codeInvalidArg {

@@ -279,7 +279,7 @@ impl Owner {
             Ok(db.fetch_one(sqlx::raw_sql(&text)).await?.try_get(0)?)
         };
         traced(self.span(call_span!("idempotency.release", &self.key)), call, |released, span| {
-            span.record("idempotency.outcome", if *released { "released" } else { "not_owner" });
+            span.record("idempotency.outcome", if *released { "released" } else { "not_owned" });
         })
         .await
     }
