@@ -16,6 +16,7 @@ const {
   IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
 } = require('./client');
 const { ReplayCache } = require('./replay-cache');
+const { traced, tracedReplayFromMemory, describeClaim, describeComplete } = require('./telemetry');
 
 const DEFAULTS = {
   methods: ['POST', 'PATCH'], // the methods that take a key
@@ -34,6 +35,7 @@ const DEFAULTS = {
   wait: undefined, // how long a concurrent duplicate waits for the first (one transaction: 2 s)
   runAhead: true, // one transaction, pg 8.23+: run the handler while the claim's answer is on its way
   cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
+  tracerProvider: null, // where the spans go: null = OpenTelemetry's global tracer provider
 };
 
 // How long, by default, a duplicate of a request running in one transaction waits for it.
@@ -231,7 +233,10 @@ function idempotency(pool, options = {}) {
   if (!pool || typeof pool.connect !== 'function') throw new TypeError('idempotency() needs a pg.Pool');
   const opts = { ...DEFAULTS, ...options };
   const methods = new Set(opts.methods.map((m) => m.toUpperCase()));
-  const client = new IdempotencyClient(pool, { lease: opts.lease, retention: opts.retention });
+  const client = new IdempotencyClient(pool, {
+    lease: opts.lease, retention: opts.retention, tracerProvider: opts.tracerProvider,
+  });
+  const { tracer } = client;
   const wait = opts.wait ?? (opts.oneTransaction ? ONE_TRANSACTION_WAIT : null);
   if (opts.oneTransaction && !(typeof wait === 'number' ? wait > 0 : /[1-9]/.test(String(wait))))
     throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
@@ -297,7 +302,8 @@ function idempotency(pool, options = {}) {
   // Sends BEGIN and the claim of c on db as one simple query (one round
   // trip); resolves to the claim.
   function beginAndClaim(db, c) {
-    return db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0]));
+    return traced(tracer, 'idempotency.claim', c.key,
+      () => db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0])), describeClaim);
   }
 
   // Sends one claim of c on db, with the BEGIN of the handler's transaction:
@@ -308,7 +314,8 @@ function idempotency(pool, options = {}) {
   // Resolves to { claim, open } (open: db is in a transaction).
   async function claimOn(db, c) {
     if (opts.oneTransaction) return { claim: await beginAndClaim(db, c), open: true };
-    const claim = () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0]));
+    const claim = () => traced(tracer, 'idempotency.claim', c.key,
+      () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0])), describeClaim);
     const begin = () => db.query('BEGIN');
     if (typeof db.pipeline === 'boolean') {
       const [got] = valuesOf(await together(db, [claim, begin]));
@@ -358,7 +365,10 @@ function idempotency(pool, options = {}) {
       fp: fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query),
     };
     const remembered = cache?.get(c.scope, c.key, c.fp);
-    if (remembered) return answer(res, remembered);
+    if (remembered) {
+      tracedReplayFromMemory(tracer, c.key);
+      return answer(res, remembered);
+    }
     if (opts.oneTransaction && opts.runAhead && !opts.failOpen) {
       const db = await checkout().catch(() => null); // none: claimRecovering tries again
       if (db && answeredMeanwhile(req, res)) return checkin(db);
@@ -484,10 +494,8 @@ function idempotency(pool, options = {}) {
     }
     if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
     try {
-      // complete and COMMIT in one simple query: one round trip; a complete
-      // that fails skips the COMMIT and leaves the transaction to roll back.
-      await db.query(c ? `${completeText(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`
-        : 'COMMIT');
+      if (c) await completeAndCommit(db, c, res, body);
+      else await db.query('COMMIT');
       checkin(db);
       return true;
     } catch (err) {
@@ -588,10 +596,22 @@ function idempotency(pool, options = {}) {
     return true;
   }
 
-  // One transaction, after a 5xx: stores it for replay when idempotency.store_server_errors is on.
+  // Sends complete and COMMIT in one simple query (one round trip); a
+  // complete that fails skips the COMMIT and leaves the transaction to roll back.
+  function completeAndCommit(db, c, res, body) {
+    const sql = `${completeText(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`;
+    return traced(tracer, 'idempotency.complete', c.key,
+      () => db.query(sql).then((results) => results[0].rows[0].result), describeComplete);
+  }
+
+  // One transaction, after a 5xx: stores it for replay when
+  // idempotency.store_server_errors is on; otherwise (no row) the 5xx is
+  // released, as complete would answer.
   function keepServerError(on, c, res, body) {
-    return on.query(KEEP_SERVER_ERROR, [c.key, c.fp, res.statusCode, body, JSON.stringify(headersToStore(res)),
-      c.scope, interval(opts.lease), interval(opts.retention)]);
+    return traced(tracer, 'idempotency.complete', c.key,
+      () => on.query(KEEP_SERVER_ERROR, [c.key, c.fp, res.statusCode, body, JSON.stringify(headersToStore(res)),
+        c.scope, interval(opts.lease), interval(opts.retention)]).then((r) => r.rows[0]?.result ?? 'released'),
+      describeComplete);
   }
 
   // Answers 409: the lease ended and a retry took the key over; the handler's writes rolled back.
