@@ -279,9 +279,14 @@ function idempotency(pool, options = {}) {
   }
 
   // Ends the transaction db is in, if any (a pipelined COMMIT after a failed
-  // statement has ended it already), and gives the connection back.
+  // statement has ended it already), and gives the connection back. The
+  // status is the last ReadyForQuery's, and pg rejects a failed statement
+  // at its error, which the server sends ahead of that ReadyForQuery: until
+  // the client is ready again, an idle status may be stale ("BEGIN; claim"
+  // failed: the transaction is open, aborted), so ROLLBACK then.
   async function rollbackAndCheckin(db) {
-    if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I')
+    if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I' &&
+        db.readyForQuery === true)
       return checkin(db);
     try {
       await db.query('ROLLBACK');
