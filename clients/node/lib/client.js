@@ -44,14 +44,18 @@ function literal(value, type = null) {
   return type ? `${text}::${type}` : text;
 }
 
-// Returns the text of a claim whose arguments are literals (options as for claim()).
+// The columns of claim's answer that an HTTP layer uses: the others
+// (recovery point and state, created_at) are for multi-step work, and a
+// column not asked for is one less for the client to parse.
+const HTTP_COLUMNS = 'outcome, fence, attempt, status_code, headers, body, retry_after';
+
+// Returns the text of a claim whose arguments are literals (options as for
+// claim()), answering the HTTP layer's columns only.
 function claimText(key, fp, o) {
   const args = `${literal(key)}, ${literal(bytes(fp), 'bytea')}, scope => ${literal(o.scope, 'text')}, ` +
     `lease => ${literal(interval(o.lease), 'interval')}, retention => ${literal(interval(o.retention), 'interval')}, ` +
     `wait => ${literal(interval(o.wait), 'interval')}, token => ${literal(o.token, 'uuid')}`;
-  return `SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
-       recovery_state, retry_after, created_at
-  FROM idempotency.claim(${args})`;
+  return `SELECT ${HTTP_COLUMNS} FROM idempotency.claim(${args})`;
 }
 
 // Returns the text of a complete whose arguments are literals.
