@@ -12,6 +12,14 @@ export interface PoolLike extends Queryable {
   connect(): Promise<Queryable & { release(err?: Error | boolean): void }>;
 }
 
+/**
+ * An OpenTelemetry TracerProvider (from @opentelemetry/api, an optional peer
+ * dependency: this shape keeps the types usable without it installed).
+ */
+export interface TracerProviderLike {
+  getTracer(name: string, version?: string, options?: object): unknown;
+}
+
 /** An interval: PostgreSQL interval text ('60 seconds') or milliseconds. */
 export type Interval = string | number;
 
@@ -87,6 +95,8 @@ export interface ClientDefaults {
   scope?: string | null;
   lease?: Interval | null;
   retention?: Interval | null;
+  /** Where the spans go (default OpenTelemetry's global tracer provider). */
+  tracerProvider?: TracerProviderLike | null;
 }
 
 /** A small client of the extension's SQL API. */
@@ -149,6 +159,8 @@ export interface MiddlewareOptions {
   runAhead?: boolean;
   /** Replays from memory (default true: 1000 responses, 8 MiB, none over 64 KiB). */
   cache?: boolean | { max?: number; maxBytes?: number; maxEntryBytes?: number };
+  /** Where the spans go (default OpenTelemetry's global tracer provider). */
+  tracerProvider?: TracerProviderLike | null;
 }
 
 /** Express middleware; gives the handler req.db (a transaction), req.rawBody and a parsed req.body. */

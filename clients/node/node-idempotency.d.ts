@@ -1,6 +1,6 @@
 // Types of pg-idempotency/node-idempotency.
 
-import type { Queryable } from './index';
+import type { Queryable, TracerProviderLike } from './index';
 
 export interface PostgresStorageAdapterOptions {
   /** A pg.Pool on a database with the idempotency extension. */
@@ -9,6 +9,8 @@ export interface PostgresStorageAdapterOptions {
   leaseMs?: number;
   /** Whose records these are (default ''). */
   scope?: string;
+  /** Where the spans go (default OpenTelemetry's global tracer provider). */
+  tracerProvider?: TracerProviderLike | null;
 }
 
 /** A StorageAdapter (@node-idempotency/storage) on the idempotency extension. */

@@ -74,12 +74,13 @@ class PostgresStorageAdapter {
   #fences = new Map(); // storage key => the fence of a claim this adapter holds
 
   // pool: a pg.Pool; leaseMs: how long an in-progress request holds its key
-  // (default 60 s); scope: whose records these are (default '').
-  constructor({ pool, leaseMs = DEFAULT_LEASE_MS, scope = '' } = {}) {
+  // (default 60 s); scope: whose records these are (default ''); tracerProvider:
+  // where the spans go (default OpenTelemetry's global one).
+  constructor({ pool, leaseMs = DEFAULT_LEASE_MS, scope = '', tracerProvider = null } = {}) {
     if (!pool || typeof pool.query !== 'function')
       throw new TypeError('PostgresStorageAdapter needs { pool }: a pg.Pool');
     if (!(leaseMs > 0)) throw new TypeError('PostgresStorageAdapter: leaseMs must be positive');
-    this.#client = new IdempotencyClient(pool, { scope });
+    this.#client = new IdempotencyClient(pool, { scope, tracerProvider });
     this.#leaseMs = leaseMs;
   }
 

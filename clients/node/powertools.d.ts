@@ -1,7 +1,7 @@
 // Types of pg-idempotency/powertools.
 
 import { BasePersistenceLayer, IdempotencyRecord } from '@aws-lambda-powertools/idempotency/persistence';
-import type { Queryable } from './index';
+import type { Queryable, TracerProviderLike } from './index';
 
 export interface PostgresPersistenceLayerOptions {
   /** A pg.Pool on a database with the idempotency extension. */
@@ -10,6 +10,8 @@ export interface PostgresPersistenceLayerOptions {
   scope?: string;
   /** The lease when no Lambda context is registered, in milliseconds (default 60000). */
   leaseMs?: number;
+  /** Where the spans go (default OpenTelemetry's global tracer provider). */
+  tracerProvider?: TracerProviderLike | null;
 }
 
 /** A Powertools persistence layer on the idempotency extension. */

@@ -54,13 +54,14 @@ class PostgresPersistenceLayer extends BasePersistenceLayer {
   #fences = new Map(); // storage key => the fence of a claim this instance holds
 
   // pool: a pg.Pool; scope: whose records these are (default ''); leaseMs:
-  // the lease when no Lambda context is registered (default 60 s).
-  constructor({ pool, scope = '', leaseMs = DEFAULT_LEASE_MS } = {}) {
+  // the lease when no Lambda context is registered (default 60 s);
+  // tracerProvider: where the spans go (default OpenTelemetry's global one).
+  constructor({ pool, scope = '', leaseMs = DEFAULT_LEASE_MS, tracerProvider = null } = {}) {
     super();
     if (!pool || typeof pool.query !== 'function')
       throw new TypeError('PostgresPersistenceLayer needs { pool }: a pg.Pool');
     if (!(leaseMs > 0)) throw new TypeError('PostgresPersistenceLayer: leaseMs must be positive');
-    this.#client = new IdempotencyClient(pool, { scope });
+    this.#client = new IdempotencyClient(pool, { scope, tracerProvider });
     this.#leaseMs = leaseMs;
   }
 

@@ -5,6 +5,9 @@
 // (and pgbouncer in transaction mode) carry nothing between requests.
 
 const { fingerprint } = require('./fingerprint');
+const {
+  tracerOf, traced, describeClaim, describeComplete, describeRelease,
+} = require('./telemetry');
 
 const CLAIM = `SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
        recovery_state, retry_after, created_at
@@ -41,14 +44,18 @@ function literal(value, type = null) {
   return type ? `${text}::${type}` : text;
 }
 
-// Returns the text of a claim whose arguments are literals (options as for claim()).
+// The columns of claim's answer that an HTTP layer uses: the others
+// (recovery point and state, created_at) are for multi-step work, and a
+// column not asked for is one less for the client to parse.
+const HTTP_COLUMNS = 'outcome, fence, attempt, status_code, headers, body, retry_after';
+
+// Returns the text of a claim whose arguments are literals (options as for
+// claim()), answering the HTTP layer's columns only.
 function claimText(key, fp, o) {
   const args = `${literal(key)}, ${literal(bytes(fp), 'bytea')}, scope => ${literal(o.scope, 'text')}, ` +
     `lease => ${literal(interval(o.lease), 'interval')}, retention => ${literal(interval(o.retention), 'interval')}, ` +
     `wait => ${literal(interval(o.wait), 'interval')}, token => ${literal(o.token, 'uuid')}`;
-  return `SELECT outcome, fence, attempt, status_code, headers, body, recovery_point,
-       recovery_state, retry_after, created_at
-  FROM idempotency.claim(${args})`;
+  return `SELECT ${HTTP_COLUMNS} FROM idempotency.claim(${args})`;
 }
 
 // Returns the text of a complete whose arguments are literals.
@@ -111,11 +118,13 @@ async function fenced(key, run) {
 }
 
 class IdempotencyClient {
-  // db: a pg.Pool, pg.Client or pool client; defaults for scope, lease, retention.
-  constructor(db, { scope = null, lease = null, retention = null } = {}) {
+  // db: a pg.Pool, pg.Client or pool client; defaults for scope, lease,
+  // retention; tracerProvider: where the spans go (default the global one).
+  constructor(db, { scope = null, lease = null, retention = null, tracerProvider = null } = {}) {
     if (!db || typeof db.query !== 'function') throw new TypeError('IdempotencyClient needs a pg Pool or Client');
     this.db = db;
     this.defaults = { scope, lease, retention };
+    this.tracer = tracerOf(tracerProvider);
   }
 
   // Claims a key: { outcome: 'new' | 'replay' | 'in_progress' | 'mismatch', ... }.
@@ -123,27 +132,31 @@ class IdempotencyClient {
   // token, a claim whose answer was lost answers new again (extension 1.2).
   async claim(key, fp, options = {}) {
     const o = { ...this.defaults, ...options };
-    const { rows } = await (o.db ?? this.db).query(CLAIM, [key, bytes(fp), o.scope,
-      interval(o.lease), interval(o.retention), interval(o.wait), o.token ?? null]);
-    return claimFromRow(rows[0]);
+    return traced(this.tracer, 'idempotency.claim', key, async () => {
+      const { rows } = await (o.db ?? this.db).query(CLAIM, [key, bytes(fp), o.scope,
+        interval(o.lease), interval(o.retention), interval(o.wait), o.token ?? null]);
+      return claimFromRow(rows[0]);
+    }, describeClaim);
   }
 
   // Stores the response and ends the claim: 'stored', or 'released' for a 5xx
   // (unless options.storeServerErrors).
   async complete(key, fence, statusCode, body = null, headers = null, options = {}) {
     const o = { ...this.defaults, ...options };
-    return fenced(key, async () => {
+    return traced(this.tracer, 'idempotency.complete', key, () => fenced(key, async () => {
       const { rows } = await (o.db ?? this.db).query(o.storeServerErrors ? COMPLETE_KEEPING_5XX : COMPLETE,
         [key, fence, statusCode, bytes(body), json(headers), o.scope]);
       return rows[0].result;
-    });
+    }), describeComplete);
   }
 
   // Frees the key so that the next retry runs again; false when the fence lost it.
   async release(key, fence, options = {}) {
     const o = { ...this.defaults, ...options };
-    const { rows } = await (o.db ?? this.db).query(RELEASE, [key, fence, o.scope]);
-    return rows[0].released;
+    return traced(this.tracer, 'idempotency.release', key, async () => {
+      const { rows } = await (o.db ?? this.db).query(RELEASE, [key, fence, o.scope]);
+      return rows[0].released;
+    }, describeRelease);
   }
 
   // Renews the lease (by options.lease, or the claim's own length); returns its new end.

@@ -16,6 +16,7 @@ const {
   IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
 } = require('./client');
 const { ReplayCache } = require('./replay-cache');
+const { traced, tracedReplayFromMemory, describeClaim, describeComplete } = require('./telemetry');
 
 const DEFAULTS = {
   methods: ['POST', 'PATCH'], // the methods that take a key
@@ -34,6 +35,7 @@ const DEFAULTS = {
   wait: undefined, // how long a concurrent duplicate waits for the first (one transaction: 2 s)
   runAhead: true, // one transaction, pg 8.23+: run the handler while the claim's answer is on its way
   cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
+  tracerProvider: null, // where the spans go: null = OpenTelemetry's global tracer provider
 };
 
 // How long, by default, a duplicate of a request running in one transaction waits for it.
@@ -188,9 +190,24 @@ async function together(db, calls) {
   const was = db.pipeline;
   db.pipeline = true; // until every answer is in: pg reads the answers of what it sent in pipeline mode
   try {
-    return await Promise.allSettled(calls.map((call) => call()));
+    return await Promise.allSettled(inOneWrite(db, () => calls.map((call) => call())));
   } finally {
     db.pipeline = was;
+  }
+}
+
+// Runs send(), which queues statements on db, with db's socket corked, so
+// that they leave in one write (as pg does with the messages of one
+// statement): one system call for the client and one read for the server,
+// instead of one each. Returns what send() returns.
+function inOneWrite(db, send) {
+  const socket = db.connection?.stream;
+  if (typeof socket?.cork !== 'function' || typeof socket.uncork !== 'function') return send();
+  socket.cork();
+  try {
+    return send();
+  } finally {
+    socket.uncork();
   }
 }
 
@@ -231,7 +248,10 @@ function idempotency(pool, options = {}) {
   if (!pool || typeof pool.connect !== 'function') throw new TypeError('idempotency() needs a pg.Pool');
   const opts = { ...DEFAULTS, ...options };
   const methods = new Set(opts.methods.map((m) => m.toUpperCase()));
-  const client = new IdempotencyClient(pool, { lease: opts.lease, retention: opts.retention });
+  const client = new IdempotencyClient(pool, {
+    lease: opts.lease, retention: opts.retention, tracerProvider: opts.tracerProvider,
+  });
+  const { tracer } = client;
   const wait = opts.wait ?? (opts.oneTransaction ? ONE_TRANSACTION_WAIT : null);
   if (opts.oneTransaction && !(typeof wait === 'number' ? wait > 0 : /[1-9]/.test(String(wait))))
     throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
@@ -274,9 +294,14 @@ function idempotency(pool, options = {}) {
   }
 
   // Ends the transaction db is in, if any (a pipelined COMMIT after a failed
-  // statement has ended it already), and gives the connection back.
+  // statement has ended it already), and gives the connection back. The
+  // status is the last ReadyForQuery's, and pg rejects a failed statement
+  // at its error, which the server sends ahead of that ReadyForQuery: until
+  // the client is ready again, an idle status may be stale ("BEGIN; claim"
+  // failed: the transaction is open, aborted), so ROLLBACK then.
   async function rollbackAndCheckin(db) {
-    if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I')
+    if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I' &&
+        db.readyForQuery === true)
       return checkin(db);
     try {
       await db.query('ROLLBACK');
@@ -297,7 +322,8 @@ function idempotency(pool, options = {}) {
   // Sends BEGIN and the claim of c on db as one simple query (one round
   // trip); resolves to the claim.
   function beginAndClaim(db, c) {
-    return db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0]));
+    return traced(tracer, 'idempotency.claim', c.key,
+      () => db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0])), describeClaim);
   }
 
   // Sends one claim of c on db, with the BEGIN of the handler's transaction:
@@ -308,7 +334,8 @@ function idempotency(pool, options = {}) {
   // Resolves to { claim, open } (open: db is in a transaction).
   async function claimOn(db, c) {
     if (opts.oneTransaction) return { claim: await beginAndClaim(db, c), open: true };
-    const claim = () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0]));
+    const claim = () => traced(tracer, 'idempotency.claim', c.key,
+      () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0])), describeClaim);
     const begin = () => db.query('BEGIN');
     if (typeof db.pipeline === 'boolean') {
       const [got] = valuesOf(await together(db, [claim, begin]));
@@ -358,7 +385,10 @@ function idempotency(pool, options = {}) {
       fp: fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query),
     };
     const remembered = cache?.get(c.scope, c.key, c.fp);
-    if (remembered) return answer(res, remembered);
+    if (remembered) {
+      tracedReplayFromMemory(tracer, c.key);
+      return answer(res, remembered);
+    }
     if (opts.oneTransaction && opts.runAhead && !opts.failOpen) {
       const db = await checkout().catch(() => null); // none: claimRecovering tries again
       if (db && answeredMeanwhile(req, res)) return checkin(db);
@@ -400,12 +430,16 @@ function idempotency(pool, options = {}) {
   // handler does is in the claim's transaction: unless the claim answers
   // new, it all rolls back and the claim's answer goes out instead (see
   // settleClaim). Only for handlers whose effects are all in the database.
+  // The claim leaves in one write with the statement the handler sends
+  // first, when it sends one before it awaits anything.
   function runAhead(req, res, next, c, db) {
     pipelinedBefore.set(db, db.pipeline);
     db.pipeline = true; // for the whole request: the handler's statements follow the claim unanswered
-    c.pending = beginAndClaim(db, c);
-    c.pending.catch(() => {}); // awaited when the handler has answered
-    return handOver(req, res, next, c, db, next);
+    return inOneWrite(db, () => {
+      c.pending = beginAndClaim(db, c);
+      c.pending.catch(() => {}); // awaited when the handler has answered
+      return handOver(req, res, next, c, db, next);
+    });
   }
 
   // After a handler that ran ahead of its claim answered: waits for the
@@ -484,10 +518,8 @@ function idempotency(pool, options = {}) {
     }
     if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
     try {
-      // complete and COMMIT in one simple query: one round trip; a complete
-      // that fails skips the COMMIT and leaves the transaction to roll back.
-      await db.query(c ? `${completeText(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`
-        : 'COMMIT');
+      if (c) await completeAndCommit(db, c, res, body);
+      else await db.query('COMMIT');
       checkin(db);
       return true;
     } catch (err) {
@@ -588,10 +620,22 @@ function idempotency(pool, options = {}) {
     return true;
   }
 
-  // One transaction, after a 5xx: stores it for replay when idempotency.store_server_errors is on.
+  // Sends complete and COMMIT in one simple query (one round trip); a
+  // complete that fails skips the COMMIT and leaves the transaction to roll back.
+  function completeAndCommit(db, c, res, body) {
+    const sql = `${completeText(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`;
+    return traced(tracer, 'idempotency.complete', c.key,
+      () => db.query(sql).then((results) => results[0].rows[0].result), describeComplete);
+  }
+
+  // One transaction, after a 5xx: stores it for replay when
+  // idempotency.store_server_errors is on; otherwise (no row) the 5xx is
+  // released, as complete would answer.
   function keepServerError(on, c, res, body) {
-    return on.query(KEEP_SERVER_ERROR, [c.key, c.fp, res.statusCode, body, JSON.stringify(headersToStore(res)),
-      c.scope, interval(opts.lease), interval(opts.retention)]);
+    return traced(tracer, 'idempotency.complete', c.key,
+      () => on.query(KEEP_SERVER_ERROR, [c.key, c.fp, res.statusCode, body, JSON.stringify(headersToStore(res)),
+        c.scope, interval(opts.lease), interval(opts.retention)]).then((r) => r.rows[0]?.result ?? 'released'),
+      describeComplete);
   }
 
   // Answers 409: the lease ended and a retry took the key over; the handler's writes rolled back.

@@ -8,6 +8,8 @@ import {
 } from 'pg-idempotency';
 import { PostgresPersistenceLayer } from 'pg-idempotency/powertools';
 import { PostgresStorageAdapter } from 'pg-idempotency/node-idempotency';
+import { BasicTracerProvider } from '@opentelemetry/sdk-trace-base';
+import { trace } from '@opentelemetry/api';
 
 const pool = new Pool();
 const app = express();
@@ -39,5 +41,9 @@ const handler = makeIdempotent(async (event: { id: string }) => event.id, {
   persistenceStore, config: new IdempotencyConfig({ eventKeyJmesPath: 'id' }),
 });
 const library = new Idempotency(new PostgresStorageAdapter({ pool, leaseMs: 30_000 }));
+const tracerProvider = new BasicTracerProvider();
+app.use(idempotency(pool, { oneTransaction: true, tracerProvider }));
+const traced = new IdempotencyClient(pool, { tracerProvider: trace.getTracerProvider() });
+const tracedStore = new PostgresPersistenceLayer({ pool, tracerProvider });
 
-export { app, direct, handler, library, parseIdempotencyKey };
+export { app, direct, handler, library, parseIdempotencyKey, traced, tracedStore };
