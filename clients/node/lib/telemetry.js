@@ -97,7 +97,7 @@ function describeComplete(result) {
 
 // What release's result says: released, or lost when the fence no longer owned the claim.
 function describeRelease(released) {
-  return { outcome: released ? 'released' : 'lost' };
+  return { outcome: released ? 'released' : 'not_owned' };
 }
 
 module.exports = {

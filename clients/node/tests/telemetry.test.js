@@ -147,7 +147,7 @@ test('the client: release, and errors with their SQLSTATE and no message', async
   const spans = spansOf(globalSpans, key);
   assert.deepEqual(spans.map((s) => [s.name, s.attributes['idempotency.outcome']]), [
     ['idempotency.claim', 'new'], ['idempotency.complete', undefined],
-    ['idempotency.release', 'released'], ['idempotency.release', 'lost'],
+    ['idempotency.release', 'released'], ['idempotency.release', 'not_owned'],
   ]);
   assert.equal(spans[1].status.code, SpanStatusCode.ERROR);
   assert.equal(spans[1].status.message, undefined);
