@@ -68,7 +68,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		public Completion complete(Connection db, int statusCode, byte[] body, Map<String, List<String>> headers)
 				throws SQLException {
 			String headersJson = headers == null || headers.isEmpty() ? null : Json.headers(headers);
-			try (PreparedStatement st = db.prepareStatement(
+			try (PreparedStatement st = Sql.prepare(db, 
 					"SELECT idempotency.complete(?, ?, ?, ?, ?::jsonb, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
@@ -90,7 +90,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException an error of the server or of the connection
 		 */
 		public boolean release(Connection db) throws SQLException {
-			try (PreparedStatement st = db.prepareStatement("SELECT idempotency.release(?, ?, ?)")) {
+			try (PreparedStatement st = Sql.prepare(db, "SELECT idempotency.release(?, ?, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
 				st.setString(3, scope);
@@ -110,7 +110,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error
 		 */
 		public OffsetDateTime extend(Connection db, Duration lease) throws SQLException {
-			try (PreparedStatement st = db.prepareStatement(
+			try (PreparedStatement st = Sql.prepare(db, 
 					"SELECT idempotency.extend(?, ?, ?::interval, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
@@ -136,7 +136,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error
 		 */
 		public void checkpoint(Connection db, String recoveryPoint, String recoveryStateJson) throws SQLException {
-			try (PreparedStatement st = db.prepareStatement(
+			try (PreparedStatement st = Sql.prepare(db, 
 					"SELECT idempotency.checkpoint(?, ?, ?, ?::jsonb, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);

@@ -37,7 +37,7 @@ public final class Idempotency {
 	 *     {@link RetryableException} for 40001 and 55P03, the driver's error when the connection failed
 	 */
 	public static ClaimResult claim(Connection db, ClaimRequest req) throws SQLException {
-		try (PreparedStatement st = db.prepareStatement(Sql.CLAIM)) {
+		try (PreparedStatement st = Sql.prepare(db, Sql.CLAIM)) {
 			st.setString(1, req.key());
 			Sql.setBytes(st, 2, req.fingerprint());
 			st.setString(3, req.scope());
@@ -70,7 +70,7 @@ public final class Idempotency {
 			}
 			try {
 				ClaimResult r = claim(c, req);
-				c.commit();
+				TransactionCommands.commit(c);
 				return r;
 			} catch (SQLException | RuntimeException e) {
 				rollbackQuietly(c);
@@ -90,7 +90,7 @@ public final class Idempotency {
 	 * @throws SQLException an error of the server or of the connection
 	 */
 	public static Optional<KeyRecord> lookup(Connection db, String scope, String key) throws SQLException {
-		try (PreparedStatement st = db.prepareStatement(Sql.LOOKUP)) {
+		try (PreparedStatement st = Sql.prepare(db, Sql.LOOKUP)) {
 			st.setString(1, key);
 			st.setString(2, scope);
 			try (ResultSet rs = st.executeQuery()) {
@@ -127,7 +127,7 @@ public final class Idempotency {
 	 */
 	public static byte[] fingerprint(Connection db, String method, String path, byte[] body, String query)
 			throws SQLException {
-		try (PreparedStatement st = db.prepareStatement("SELECT idempotency.fingerprint(?, ?, ?, ?)")) {
+		try (PreparedStatement st = Sql.prepare(db, "SELECT idempotency.fingerprint(?, ?, ?, ?)")) {
 			st.setString(1, method);
 			st.setString(2, path);
 			Sql.setBytes(st, 3, body);
@@ -166,7 +166,7 @@ public final class Idempotency {
 	/** Rolls c back, ignoring an error: the caller reports its own. */
 	static void rollbackQuietly(Connection c) {
 		try {
-			c.rollback();
+			TransactionCommands.rollback(c);
 		} catch (SQLException ignored) {
 			// the connection is gone: nothing committed
 		}

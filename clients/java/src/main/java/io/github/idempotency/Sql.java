@@ -1,6 +1,7 @@
 package io.github.idempotency;
 
 import java.sql.Array;
+import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
@@ -12,6 +13,7 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import org.postgresql.PGStatement;
 
 /** The SQL the client sends, and the conversions between JDBC and its types. */
 final class Sql {
@@ -40,6 +42,21 @@ final class Sql {
 			+ " l.created_at, l.completed_at, l.expires_at, "
 			+ String.format(HEADER_LINES, "l.headers")
 			+ " FROM idempotency.lookup(?, ?) l";
+
+	/**
+	 * Prepares sql on db as an unnamed statement each time it runs. pgjdbc would make a statement a
+	 * named server-side one after its fifth use on a connection (prepareThreshold 5), which a transaction
+	 * pooler before pgbouncer 1.21 breaks: the next transaction may run on another server connection,
+	 * where the name does not exist (26000) or is another client's (42P05). The client's statements are
+	 * function calls, cheap to parse, so this costs nothing worth keeping a named statement for.
+	 */
+	static PreparedStatement prepare(Connection db, String sql) throws SQLException {
+		PreparedStatement st = db.prepareStatement(sql);
+		if (st.isWrapperFor(PGStatement.class)) {
+			st.unwrap(PGStatement.class).setPrepareThreshold(0);
+		}
+		return st;
+	}
 
 	/** Reads claim's row into a result. */
 	static ClaimResult readClaim(ClaimRequest req, ResultSet rs) throws SQLException {
