@@ -1,5 +1,8 @@
 package io.github.idempotency;
 
+import io.opentelemetry.api.trace.Span;
+import io.opentelemetry.api.trace.Tracer;
+import io.opentelemetry.context.Scope;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -43,9 +46,26 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 	 * @param recoveryPoint after a takeover, what the last owner checkpointed; else null
 	 * @param recoveryState after a takeover, the last owner's state as JSON text; else null
 	 * @param createdAt when the key was first claimed
+	 * @param tracer where the spans of complete and release go; null: the global OpenTelemetry's
 	 */
 	record New(String scope, String key, long fence, int attempt, String recoveryPoint, String recoveryState,
-			OffsetDateTime createdAt) implements ClaimResult {
+			OffsetDateTime createdAt, Tracer tracer) implements ClaimResult {
+
+		/**
+		 * A claim that won, whose spans go to the global OpenTelemetry.
+		 *
+		 * @param scope the claim's scope
+		 * @param key the claim's key
+		 * @param fence the fencing token of this owner
+		 * @param attempt 1, or more for a takeover of an ended lease
+		 * @param recoveryPoint after a takeover, what the last owner checkpointed; else null
+		 * @param recoveryState after a takeover, the last owner's state as JSON text; else null
+		 * @param createdAt when the key was first claimed
+		 */
+		public New(String scope, String key, long fence, int attempt, String recoveryPoint, String recoveryState,
+				OffsetDateTime createdAt) {
+			this(scope, key, fence, attempt, recoveryPoint, recoveryState, createdAt, null);
+		}
 
 		@Override
 		public Outcome outcome() {
@@ -65,10 +85,12 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error: {@link InvalidArgumentException} for 54000 (too large to
 		 *     store) and 22023
 		 */
+		@SuppressWarnings("try") // the span's scope is only closed
 		public Completion complete(Connection db, int statusCode, byte[] body, Map<String, List<String>> headers)
 				throws SQLException {
 			String headersJson = headers == null || headers.isEmpty() ? null : Json.headers(headers);
-			try (PreparedStatement st = Sql.prepare(db, 
+			Span span = Telemetry.start(tracer, "complete", key);
+			try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db,
 					"SELECT idempotency.complete(?, ?, ?, ?, ?::jsonb, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
@@ -76,9 +98,13 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 				Sql.setBytes(st, 4, body);
 				st.setString(5, headersJson);
 				st.setString(6, scope);
-				return Completion.valueOf(Sql.single(st).toUpperCase(java.util.Locale.ROOT));
+				String answer = Sql.single(st);
+				span.setAttribute("idempotency.outcome", answer);
+				return Completion.valueOf(answer.toUpperCase(java.util.Locale.ROOT));
 			} catch (SQLException e) {
-				throw IdempotencyException.of("complete", e);
+				throw failed(span, "complete", e);
+			} finally {
+				span.end();
 			}
 		}
 
@@ -89,15 +115,29 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @return false when this fence no longer owns an in-progress claim
 		 * @throws SQLException an error of the server or of the connection
 		 */
+		@SuppressWarnings("try") // the span's scope is only closed
 		public boolean release(Connection db) throws SQLException {
-			try (PreparedStatement st = Sql.prepare(db, "SELECT idempotency.release(?, ?, ?)")) {
+			Span span = Telemetry.start(tracer, "release", key);
+			try (Scope ignored = span.makeCurrent();
+					PreparedStatement st = Sql.prepare(db, "SELECT idempotency.release(?, ?, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
 				st.setString(3, scope);
-				return Sql.singleBoolean(st);
+				boolean released = Sql.singleBoolean(st);
+				span.setAttribute("idempotency.outcome", released ? "released" : "not_owned");
+				return released;
 			} catch (SQLException e) {
-				throw IdempotencyException.of("release", e);
+				throw failed(span, "release", e);
+			} finally {
+				span.end();
 			}
+		}
+
+		/** The exception of call's error e, marked on span. */
+		private static SQLException failed(Span span, String call, SQLException e) {
+			SQLException thrown = IdempotencyException.of(call, e);
+			Telemetry.fail(span, thrown);
+			return thrown;
 		}
 
 		/**

@@ -1,5 +1,8 @@
 package io.github.idempotency;
 
+import io.opentelemetry.api.trace.Span;
+import io.opentelemetry.api.trace.Tracer;
+import io.opentelemetry.context.Scope;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -37,7 +40,23 @@ public final class Idempotency {
 	 *     {@link RetryableException} for 40001 and 55P03, the driver's error when the connection failed
 	 */
 	public static ClaimResult claim(Connection db, ClaimRequest req) throws SQLException {
-		try (PreparedStatement st = Sql.prepare(db, Sql.CLAIM)) {
+		return claim(db, req, null);
+	}
+
+	/**
+	 * {@link #claim(Connection, ClaimRequest)} with its span on {@code tracer}, and the {@code New}'s
+	 * complete and release spans too ({@link Telemetry#tracer}).
+	 *
+	 * @param db the connection
+	 * @param req the claim's arguments
+	 * @param tracer where the spans go; null: the global OpenTelemetry's
+	 * @return the outcome
+	 * @throws SQLException as {@link #claim(Connection, ClaimRequest)}
+	 */
+	@SuppressWarnings("try") // the span's scope is only closed
+	public static ClaimResult claim(Connection db, ClaimRequest req, Tracer tracer) throws SQLException {
+		Span span = Telemetry.start(tracer, "claim", req.key());
+		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.CLAIM)) {
 			st.setString(1, req.key());
 			Sql.setBytes(st, 2, req.fingerprint());
 			st.setString(3, req.scope());
@@ -47,10 +66,22 @@ public final class Idempotency {
 			st.setString(7, req.token() == null ? null : req.token().toString());
 			try (ResultSet rs = st.executeQuery()) {
 				rs.next();
-				return Sql.readClaim(req, rs);
+				ClaimResult r = Sql.readClaim(req, rs, tracer);
+				span.setAttribute("idempotency.outcome", r.outcome().text());
+				if (r instanceof ClaimResult.New won) {
+					span.setAttribute("idempotency.attempt", won.attempt());
+				}
+				return r;
 			}
 		} catch (SQLException e) {
-			throw IdempotencyException.of("claim", e);
+			SQLException thrown = IdempotencyException.of("claim", e);
+			Telemetry.fail(span, thrown);
+			throw thrown;
+		} catch (RuntimeException e) {
+			Telemetry.fail(span, e);
+			throw e;
+		} finally {
+			span.end();
 		}
 	}
 
@@ -64,12 +95,25 @@ public final class Idempotency {
 	 * @throws SQLException as {@link #claim(Connection, ClaimRequest)}, or the pool's error
 	 */
 	public static ClaimResult claim(DataSource ds, ClaimRequest req) throws SQLException {
+		return claim(ds, req, null);
+	}
+
+	/**
+	 * {@link #claim(DataSource, ClaimRequest)} with its spans on {@code tracer}.
+	 *
+	 * @param ds the data source
+	 * @param req the claim's arguments
+	 * @param tracer where the spans go; null: the global OpenTelemetry's
+	 * @return the outcome
+	 * @throws SQLException as {@link #claim(DataSource, ClaimRequest)}
+	 */
+	public static ClaimResult claim(DataSource ds, ClaimRequest req, Tracer tracer) throws SQLException {
 		try (Connection c = ds.getConnection()) {
 			if (c.getAutoCommit()) {
-				return claim(c, req);
+				return claim(c, req, tracer);
 			}
 			try {
-				ClaimResult r = claim(c, req);
+				ClaimResult r = claim(c, req, tracer);
 				TransactionCommands.commit(c);
 				return r;
 			} catch (SQLException | RuntimeException e) {

@@ -1,5 +1,6 @@
 package io.github.idempotency;
 
+import io.opentelemetry.api.trace.Tracer;
 import java.sql.Array;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
@@ -59,12 +60,12 @@ final class Sql {
 	}
 
 	/** Reads claim's row into a result. */
-	static ClaimResult readClaim(ClaimRequest req, ResultSet rs) throws SQLException {
+	static ClaimResult readClaim(ClaimRequest req, ResultSet rs, Tracer tracer) throws SQLException {
 		OffsetDateTime created = rs.getObject("created_at", OffsetDateTime.class);
 		switch (Outcome.of(rs.getString("outcome"))) {
 			case NEW:
 				return new ClaimResult.New(req.scope(), req.key(), rs.getLong("fence"), rs.getInt("attempt"),
-						rs.getString("recovery_point"), rs.getString("recovery_state"), created);
+						rs.getString("recovery_point"), rs.getString("recovery_state"), created, tracer);
 			case REPLAY:
 				return new ClaimResult.Replay(rs.getInt("status_code"), headerLines(rs.getArray("header_lines")),
 						orEmpty(rs.getBytes("body")), created);

@@ -201,7 +201,7 @@ public class IdempotencyFilter extends HttpFilter {
 		long wait = options.retryDelay().toMillis();
 		for (int attempt = 1; ; attempt++) {
 			try {
-				return Idempotency.claim(dataSource, claim);
+				return Idempotency.claim(dataSource, claim, options.tracer());
 			} catch (SQLException e) {
 				if (!Idempotency.isConnectionLost(e) || attempt >= options.claimTries()
 						|| e instanceof java.sql.SQLTransientConnectionException) {

@@ -1,5 +1,8 @@
 package io.github.idempotency.servlet;
 
+import io.github.idempotency.Telemetry;
+import io.opentelemetry.api.OpenTelemetry;
+import io.opentelemetry.api.trace.Tracer;
 import jakarta.servlet.http.HttpServletRequest;
 import java.time.Duration;
 import java.util.List;
@@ -18,6 +21,7 @@ public final class IdempotencyOptions {
 	private Function<HttpServletRequest, String> scope = IdempotencyFilter::callerScope;
 	private int claimTries = 4;
 	private Duration retryDelay = Duration.ofMillis(50);
+	private Tracer tracer;
 
 	/** @return the methods that take a key (default POST, PATCH) */
 	public List<String> methods() {
@@ -163,6 +167,29 @@ public final class IdempotencyOptions {
 	 */
 	public IdempotencyOptions retryDelay(Duration retryDelay) {
 		this.retryDelay = Objects.requireNonNull(retryDelay, "retryDelay");
+		return this;
+	}
+
+	/** @return where the spans go; null: the global OpenTelemetry's, looked up at each request */
+	public Tracer tracer() {
+		return tracer;
+	}
+
+	/**
+	 * @param tracer where the spans go (default null: the global OpenTelemetry's)
+	 * @return this
+	 */
+	public IdempotencyOptions tracer(Tracer tracer) {
+		this.tracer = tracer;
+		return this;
+	}
+
+	/**
+	 * @param openTelemetry whose tracer the spans go to (default: the global OpenTelemetry)
+	 * @return this
+	 */
+	public IdempotencyOptions openTelemetry(OpenTelemetry openTelemetry) {
+		this.tracer = Telemetry.tracer(openTelemetry);
 		return this;
 	}
 
