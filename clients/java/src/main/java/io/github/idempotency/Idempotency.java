@@ -124,6 +124,51 @@ public final class Idempotency {
 	}
 
 	/**
+	 * For a middleware that claims in the handler's transaction (one transaction per request), after a
+	 * 5xx rolled that transaction back, claim and all: stores the 5xx for replay when the setting
+	 * {@code idempotency.store_server_errors} is on, as {@code complete} would have, in one statement
+	 * that commits at once; with the setting off it writes nothing (the 5xx is released). Its span is
+	 * an {@code idempotency.complete}.
+	 *
+	 * @param db a connection in autocommit
+	 * @param req the request's claim (its lease, retention, scope)
+	 * @param statusCode the 5xx
+	 * @param body the response body, null for none
+	 * @param headers the headers a replay repeats, null or empty for none
+	 * @param tracer where the span goes; null: the global OpenTelemetry's
+	 * @return {@code STORED}, or {@code RELEASED} when nothing is kept (the setting is off, or another
+	 *     request holds the key now)
+	 * @throws SQLException an error of the server or of the connection
+	 */
+	@SuppressWarnings("try") // the span's scope is only closed
+	public static ClaimResult.Completion keepServerError(Connection db, ClaimRequest req, int statusCode,
+			byte[] body, java.util.Map<String, java.util.List<String>> headers, Tracer tracer) throws SQLException {
+		Span span = Telemetry.start(tracer, "complete", req.key());
+		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.KEEP_SERVER_ERROR)) {
+			st.setString(1, req.key());
+			Sql.setBytes(st, 2, req.fingerprint());
+			st.setString(3, req.scope());
+			st.setString(4, Sql.interval(req.lease()));
+			st.setString(5, Sql.interval(req.retention()));
+			st.setInt(6, statusCode);
+			Sql.setBytes(st, 7, body);
+			st.setString(8, headers == null || headers.isEmpty() ? null : Json.headers(headers));
+			String answer;
+			try (ResultSet rs = st.executeQuery()) {
+				answer = rs.next() ? rs.getString(1) : "released";
+			}
+			span.setAttribute("idempotency.outcome", answer);
+			return ClaimResult.Completion.valueOf(answer.toUpperCase(java.util.Locale.ROOT));
+		} catch (SQLException e) {
+			SQLException thrown = IdempotencyException.of("complete", e);
+			Telemetry.fail(span, thrown);
+			throw thrown;
+		} finally {
+			span.end();
+		}
+	}
+
+	/**
 	 * Reads the record of (scope, key) as a claim would see it, without its fence. It only reads: it
 	 * works in a read-only transaction and on a standby.
 	 *

@@ -36,6 +36,17 @@ final class Sql {
 			+ String.format(HEADER_LINES, "c.headers")
 			+ " FROM idempotency.claim(?, ?, ?, ?::interval, ?::interval, ?::interval, ?::uuid) c";
 
+	/**
+	 * A 5xx kept after its one transaction rolled back, claim and all: claim and complete in one
+	 * statement, only when idempotency.store_server_errors is on (no row otherwise).
+	 */
+	static final String KEEP_SERVER_ERROR = "SELECT idempotency.complete(a.key, c.fence, a.status, a.body, a.headers, a.scope)"
+			+ " FROM (SELECT ?::text AS key, ?::bytea AS fingerprint, ?::text AS scope, ?::interval AS lease,"
+			+ " ?::interval AS retention, ?::int AS status, ?::bytea AS body, ?::jsonb AS headers) a,"
+			+ " idempotency.claim(a.key, a.fingerprint, a.scope, a.lease, a.retention) c"
+			+ " WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean"
+			+ " AND c.outcome OPERATOR(pg_catalog.=) 'new'";
+
 	/** lookup, one round trip; the lease in microseconds. */
 	static final String LOOKUP = "SELECT l.scope, l.key, l.fingerprint, l.state, l.attempt,"
 			+ " (extract(epoch FROM l.lease) * 1000000)::bigint AS lease_us, l.lease_expires_at,"

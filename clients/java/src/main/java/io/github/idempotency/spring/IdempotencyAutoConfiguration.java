@@ -68,7 +68,9 @@ public class IdempotencyAutoConfiguration {
 				.storeHeaders(properties.getStoreHeaders())
 				.maxBodyBytes(Math.toIntExact(properties.getMaxBodySize().toBytes()))
 				.claimTries(properties.getClaimTries())
-				.retryDelay(properties.getRetryDelay());
+				.retryDelay(properties.getRetryDelay())
+				.oneTransaction(properties.isOneTransaction())
+				.claimWait(properties.getClaimWait());
 		openTelemetry.ifUnique(options::openTelemetry);
 		return new IdempotencyFilter(dataSource, new SpringRequestTransactions(transactionManager, dataSource),
 				options);

@@ -70,11 +70,11 @@ class SpringIT {
 		TestDb.sql("TRUNCATE spring_charges");
 	}
 
-	private Http.Response pay(String path, String body, String key) throws Exception {
+	Http.Response pay(String path, String body, String key) throws Exception {
 		return Http.post(port, path, ALICE, body, key);
 	}
 
-	private static long charges(long amount) throws Exception {
+	static long charges(long amount) throws Exception {
 		return Long.parseLong(TestDb.sql("SELECT count(*) FROM spring_charges WHERE amount = " + amount));
 	}
 
