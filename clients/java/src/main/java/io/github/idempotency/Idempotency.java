@@ -57,11 +57,7 @@ public final class Idempotency {
 	public static ClaimResult claim(Connection db, ClaimRequest req, Tracer tracer) throws SQLException {
 		Span span = Telemetry.start(tracer, "claim", req.key());
 		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.CLAIM)) {
-			st.setString(1, req.key());
-			Sql.setBytes(st, 2, req.fingerprint());
-			st.setString(3, req.scope());
-			st.setString(4, Sql.interval(req.lease()));
-			st.setString(5, Sql.interval(req.retention()));
+			Sql.setClaim(st, req);
 			st.setString(6, Sql.interval(req.waitFor()));
 			st.setString(7, req.token() == null ? null : req.token().toString());
 			try (ResultSet rs = st.executeQuery()) {
@@ -145,11 +141,7 @@ public final class Idempotency {
 			byte[] body, java.util.Map<String, java.util.List<String>> headers, Tracer tracer) throws SQLException {
 		Span span = Telemetry.start(tracer, "complete", req.key());
 		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.KEEP_SERVER_ERROR)) {
-			st.setString(1, req.key());
-			Sql.setBytes(st, 2, req.fingerprint());
-			st.setString(3, req.scope());
-			st.setString(4, Sql.interval(req.lease()));
-			st.setString(5, Sql.interval(req.retention()));
+			Sql.setClaim(st, req);
 			st.setInt(6, statusCode);
 			Sql.setBytes(st, 7, body);
 			st.setString(8, headers == null || headers.isEmpty() ? null : Json.headers(headers));

@@ -87,6 +87,15 @@ final class Sql {
 		}
 	}
 
+	/** Sets parameters 1 to 5 to req's key, fingerprint, scope, lease and retention. */
+	static void setClaim(PreparedStatement st, ClaimRequest req) throws SQLException {
+		st.setString(1, req.key());
+		setBytes(st, 2, req.fingerprint());
+		st.setString(3, req.scope());
+		st.setString(4, interval(req.lease()));
+		st.setString(5, interval(req.retention()));
+	}
+
 	/** Sets parameter i to bytes, or to NULL. */
 	static void setBytes(PreparedStatement st, int i, byte[] bytes) throws SQLException {
 		if (bytes == null) {

@@ -177,8 +177,14 @@ public class IdempotencyFilter extends HttpFilter {
 		if (result.result() instanceof ClaimResult.New ticket) {
 			run(req, res, chain, body, new Claimed(claim, ticket, result.tx()));
 		} else {
-			answer(res, result.result());
-			result.rollback(); // one transaction: the empty transaction ends after the answer
+			try {
+				answer(res, result.result());
+				if (result.tx() != null) {
+					res.flushBuffer(); // one transaction: the answer goes out, then the empty transaction ends
+				}
+			} finally {
+				result.rollback();
+			}
 		}
 	}
 
