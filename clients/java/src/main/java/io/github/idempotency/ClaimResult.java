@@ -85,20 +85,50 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error: {@link InvalidArgumentException} for 54000 (too large to
 		 *     store) and 22023
 		 */
-		@SuppressWarnings("try") // the span's scope is only closed
 		public Completion complete(Connection db, int statusCode, byte[] body, Map<String, List<String>> headers)
 				throws SQLException {
+			return complete(db, statusCode, body, headers, "");
+		}
+
+		/**
+		 * {@link #complete} and the COMMIT of the connection's transaction, sent together: one round
+		 * trip. On an error nothing commits (the server skips the COMMIT): roll back. When the answer is
+		 * lost, whether it committed is not known: claim again with the token to learn it.
+		 *
+		 * @param db the transaction's connection, autocommit off; the driver's own commit() after this
+		 *     sends nothing
+		 * @param statusCode the response's status, 100 to 599
+		 * @param body the response body, null for none
+		 * @param headers the headers a replay repeats (a name to its values), null or empty for none
+		 * @return {@code STORED}, or {@code RELEASED} for a 5xx that is not kept
+		 * @throws ClaimLostException IK001: roll the transaction back
+		 * @throws SQLException another error (of complete or of the COMMIT)
+		 */
+		public Completion completeAndCommit(Connection db, int statusCode, byte[] body,
+				Map<String, List<String>> headers) throws SQLException {
+			return complete(db, statusCode, body, headers, "; COMMIT");
+		}
+
+		/** complete, followed by then in the same message. */
+		@SuppressWarnings("try") // the span's scope is only closed
+		private Completion complete(Connection db, int statusCode, byte[] body, Map<String, List<String>> headers,
+				String then) throws SQLException {
 			String headersJson = headers == null || headers.isEmpty() ? null : Json.headers(headers);
 			Span span = Telemetry.start(tracer, "complete", key);
 			try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db,
-					"SELECT idempotency.complete(?, ?, ?, ?, ?::jsonb, ?)")) {
+					"SELECT idempotency.complete(?, ?, ?, ?, ?::jsonb, ?)" + then)) {
 				st.setString(1, key);
 				st.setLong(2, fence);
 				st.setInt(3, statusCode);
 				Sql.setBytes(st, 4, body);
 				st.setString(5, headersJson);
 				st.setString(6, scope);
-				String answer = Sql.single(st);
+				st.execute();
+				String answer;
+				try (ResultSet rs = st.getResultSet()) {
+					rs.next();
+					answer = rs.getString(1);
+				}
 				span.setAttribute("idempotency.outcome", answer);
 				return Completion.valueOf(answer.toUpperCase(java.util.Locale.ROOT));
 			} catch (SQLException e) {

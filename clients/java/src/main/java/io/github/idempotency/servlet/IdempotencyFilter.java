@@ -375,7 +375,9 @@ public class IdempotencyFilter extends HttpFilter {
 		}
 		try {
 			if (ticket != null) {
-				ticket.complete(tx.connection(), status, res.body(), storedHeaders(real));
+				tx.flush();
+				// complete and COMMIT in one round trip; tx.commit() below then only ends the transaction
+				ticket.completeAndCommit(tx.connection(), status, res.body(), storedHeaders(real));
 			}
 		} catch (ClaimLostException e) {
 			tx.rollback();

@@ -29,7 +29,17 @@ public interface RequestTransactions {
 		Connection connection() throws SQLException;
 
 		/**
-		 * Commits and gives the connection back.
+		 * Sends what the framework holds back until the commit (JPA's pending changes) to the
+		 * connection, before {@code complete} and the COMMIT go together. Plain JDBC holds nothing.
+		 *
+		 * @throws SQLException the error of a write it sends
+		 */
+		default void flush() throws SQLException {
+		}
+
+		/**
+		 * Commits (nothing to send when {@code complete} carried the COMMIT) and gives the connection
+		 * back.
 		 *
 		 * @throws Exception the error of the COMMIT (a {@link SQLException}, or the framework's exception
 		 *     with one as its cause)

@@ -57,6 +57,11 @@ public final class SpringRequestTransactions implements RequestTransactions {
 			}
 
 			@Override
+			public void flush() {
+				status.flush();
+			}
+
+			@Override
 			public void commit() {
 				transactionManager.commit(status);
 			}
