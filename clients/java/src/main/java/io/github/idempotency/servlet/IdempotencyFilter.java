@@ -374,10 +374,11 @@ public class IdempotencyFilter extends HttpFilter {
 			return false;
 		}
 		try {
-			if (ticket != null) {
-				tx.flush();
+			if (ticket != null && tx.readyToComplete()) {
 				// complete and COMMIT in one round trip; tx.commit() below then only ends the transaction
 				ticket.completeAndCommit(tx.connection(), status, res.body(), storedHeaders(real));
+			} else if (ticket != null) {
+				ticket.complete(tx.connection(), status, res.body(), storedHeaders(real));
 			}
 		} catch (ClaimLostException e) {
 			tx.rollback();

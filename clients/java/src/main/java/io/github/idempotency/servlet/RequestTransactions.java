@@ -29,12 +29,17 @@ public interface RequestTransactions {
 		Connection connection() throws SQLException;
 
 		/**
-		 * Sends what the framework holds back until the commit (JPA's pending changes) to the
-		 * connection, before {@code complete} and the COMMIT go together. Plain JDBC holds nothing.
+		 * Readies the transaction for {@code complete}: sends what the framework holds back until the
+		 * commit (JPA's pending changes), and says whether the COMMIT may travel with {@code complete}
+		 * in one round trip: not when something of the framework's must still run inside the
+		 * transaction at commit (Spring's before-commit callbacks, {@code @TransactionalEventListener}
+		 * of phase BEFORE_COMMIT). Plain JDBC holds nothing back and has nothing to run.
 		 *
+		 * @return whether {@code complete} may carry the COMMIT
 		 * @throws SQLException the error of a write it sends
 		 */
-		default void flush() throws SQLException {
+		default boolean readyToComplete() throws SQLException {
+			return true;
 		}
 
 		/**

@@ -57,8 +57,10 @@ public final class SpringRequestTransactions implements RequestTransactions {
 			}
 
 			@Override
-			public void flush() {
+			public boolean readyToComplete() {
 				status.flush();
+				return TransactionSynchronizationManager.getSynchronizations().stream()
+						.allMatch(UnnamedTransactionCommands.class::isInstance);
 			}
 
 			@Override

@@ -68,6 +68,7 @@ class SpringIT {
 		TestDb.sql("CREATE TABLE IF NOT EXISTS spring_charges (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
 				+ " amount numeric NOT NULL)");
 		TestDb.sql("TRUNCATE spring_charges");
+		TestDb.sql("CREATE TABLE IF NOT EXISTS spring_outbox (marker text, kind text, xid text)");
 	}
 
 	Http.Response pay(String path, String body, String key) throws Exception {
@@ -124,6 +125,15 @@ class SpringIT {
 		assertEquals(500, pay("/service-payments", "{\"amount\":303,\"throw\":true}", failing).status());
 		assertEquals(0, charges(303)); // the service's write rolled back with the handler's failure
 		assertNull(state(failing));
+	}
+
+	@Test
+	void beforeCommitCallbacksRunInTheTransactionOfCompleteAndTheWrites() throws Exception {
+		String key = TestDb.uniqueKey("outbox");
+		assertEquals(201, pay("/outbox-payments", "{\"marker\":\"" + key + "\"}", key).status());
+		assertEquals("completed", state(key));
+		assertEquals("2|1", TestDb.sql("SELECT count(*) || '|' || count(DISTINCT xid) FROM spring_outbox"
+				+ " WHERE marker = '" + key + "'"));
 	}
 
 	@Test
