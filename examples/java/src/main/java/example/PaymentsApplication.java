@@ -20,7 +20,7 @@ import org.springframework.web.bind.annotation.RestController;
  * idempotency filter comes from pg-idempotency's auto-configuration; the handler writes with
  * JdbcTemplate, in the transaction the filter opened, which commits with the stored response.
  * Environment: DATABASE_URL (a libpq URI), PORT, IDEMPOTENCY_LEASE ("60 seconds"),
- * IDEMPOTENCY_FAIL_OPEN=on.
+ * IDEMPOTENCY_FAIL_OPEN=on, IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
  */
 @SpringBootApplication
 public class PaymentsApplication {
@@ -33,6 +33,8 @@ public class PaymentsApplication {
 		System.setProperty("server.port", env("PORT", "3000"));
 		System.setProperty("idempotency.lease", seconds(env("IDEMPOTENCY_LEASE", "60 seconds")).toMillis() + "ms");
 		System.setProperty("idempotency.fail-open", Boolean.toString("on".equals(System.getenv("IDEMPOTENCY_FAIL_OPEN"))));
+		System.setProperty("idempotency.one-transaction",
+				Boolean.toString("on".equals(System.getenv("IDEMPOTENCY_ONE_TRANSACTION"))));
 		SpringApplication.run(PaymentsApplication.class, args);
 	}
 

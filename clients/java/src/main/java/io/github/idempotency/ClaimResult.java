@@ -1,5 +1,8 @@
 package io.github.idempotency;
 
+import io.opentelemetry.api.trace.Span;
+import io.opentelemetry.api.trace.Tracer;
+import io.opentelemetry.context.Scope;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -43,9 +46,26 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 	 * @param recoveryPoint after a takeover, what the last owner checkpointed; else null
 	 * @param recoveryState after a takeover, the last owner's state as JSON text; else null
 	 * @param createdAt when the key was first claimed
+	 * @param tracer where the spans of complete and release go; null: the global OpenTelemetry's
 	 */
 	record New(String scope, String key, long fence, int attempt, String recoveryPoint, String recoveryState,
-			OffsetDateTime createdAt) implements ClaimResult {
+			OffsetDateTime createdAt, Tracer tracer) implements ClaimResult {
+
+		/**
+		 * A claim that won, whose spans go to the global OpenTelemetry.
+		 *
+		 * @param scope the claim's scope
+		 * @param key the claim's key
+		 * @param fence the fencing token of this owner
+		 * @param attempt 1, or more for a takeover of an ended lease
+		 * @param recoveryPoint after a takeover, what the last owner checkpointed; else null
+		 * @param recoveryState after a takeover, the last owner's state as JSON text; else null
+		 * @param createdAt when the key was first claimed
+		 */
+		public New(String scope, String key, long fence, int attempt, String recoveryPoint, String recoveryState,
+				OffsetDateTime createdAt) {
+			this(scope, key, fence, attempt, recoveryPoint, recoveryState, createdAt, null);
+		}
 
 		@Override
 		public Outcome outcome() {
@@ -67,18 +87,54 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 */
 		public Completion complete(Connection db, int statusCode, byte[] body, Map<String, List<String>> headers)
 				throws SQLException {
+			return complete(db, statusCode, body, headers, "");
+		}
+
+		/**
+		 * {@link #complete} and the COMMIT of the connection's transaction, sent together: one round
+		 * trip. On an error nothing commits (the server skips the COMMIT): roll back. When the answer is
+		 * lost, whether it committed is not known: claim again with the token to learn it.
+		 *
+		 * @param db the transaction's connection, autocommit off; the driver's own commit() after this
+		 *     sends nothing
+		 * @param statusCode the response's status, 100 to 599
+		 * @param body the response body, null for none
+		 * @param headers the headers a replay repeats (a name to its values), null or empty for none
+		 * @return {@code STORED}, or {@code RELEASED} for a 5xx that is not kept
+		 * @throws ClaimLostException IK001: roll the transaction back
+		 * @throws SQLException another error (of complete or of the COMMIT)
+		 */
+		public Completion completeAndCommit(Connection db, int statusCode, byte[] body,
+				Map<String, List<String>> headers) throws SQLException {
+			return complete(db, statusCode, body, headers, "; COMMIT");
+		}
+
+		/** complete, followed by then in the same message. */
+		@SuppressWarnings("try") // the span's scope is only closed
+		private Completion complete(Connection db, int statusCode, byte[] body, Map<String, List<String>> headers,
+				String then) throws SQLException {
 			String headersJson = headers == null || headers.isEmpty() ? null : Json.headers(headers);
-			try (PreparedStatement st = db.prepareStatement(
-					"SELECT idempotency.complete(?, ?, ?, ?, ?::jsonb, ?)")) {
+			Span span = Telemetry.start(tracer, "complete", key);
+			try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db,
+					"SELECT idempotency.complete(?, ?, ?, ?, ?::jsonb, ?)" + then)) {
 				st.setString(1, key);
 				st.setLong(2, fence);
 				st.setInt(3, statusCode);
 				Sql.setBytes(st, 4, body);
 				st.setString(5, headersJson);
 				st.setString(6, scope);
-				return Completion.valueOf(Sql.single(st).toUpperCase(java.util.Locale.ROOT));
+				st.execute();
+				String answer;
+				try (ResultSet rs = st.getResultSet()) {
+					rs.next();
+					answer = rs.getString(1);
+				}
+				span.setAttribute("idempotency.outcome", answer);
+				return Completion.valueOf(answer.toUpperCase(java.util.Locale.ROOT));
 			} catch (SQLException e) {
-				throw IdempotencyException.of("complete", e);
+				throw failed(span, "complete", e);
+			} finally {
+				span.end();
 			}
 		}
 
@@ -89,15 +145,29 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @return false when this fence no longer owns an in-progress claim
 		 * @throws SQLException an error of the server or of the connection
 		 */
+		@SuppressWarnings("try") // the span's scope is only closed
 		public boolean release(Connection db) throws SQLException {
-			try (PreparedStatement st = db.prepareStatement("SELECT idempotency.release(?, ?, ?)")) {
+			Span span = Telemetry.start(tracer, "release", key);
+			try (Scope ignored = span.makeCurrent();
+					PreparedStatement st = Sql.prepare(db, "SELECT idempotency.release(?, ?, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
 				st.setString(3, scope);
-				return Sql.singleBoolean(st);
+				boolean released = Sql.singleBoolean(st);
+				span.setAttribute("idempotency.outcome", released ? "released" : "not_owned");
+				return released;
 			} catch (SQLException e) {
-				throw IdempotencyException.of("release", e);
+				throw failed(span, "release", e);
+			} finally {
+				span.end();
 			}
+		}
+
+		/** The exception of call's error e, marked on span. */
+		private static SQLException failed(Span span, String call, SQLException e) {
+			SQLException thrown = IdempotencyException.of(call, e);
+			Telemetry.fail(span, thrown);
+			return thrown;
 		}
 
 		/**
@@ -110,7 +180,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error
 		 */
 		public OffsetDateTime extend(Connection db, Duration lease) throws SQLException {
-			try (PreparedStatement st = db.prepareStatement(
+			try (PreparedStatement st = Sql.prepare(db, 
 					"SELECT idempotency.extend(?, ?, ?::interval, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
@@ -136,7 +206,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error
 		 */
 		public void checkpoint(Connection db, String recoveryPoint, String recoveryStateJson) throws SQLException {
-			try (PreparedStatement st = db.prepareStatement(
+			try (PreparedStatement st = Sql.prepare(db, 
 					"SELECT idempotency.checkpoint(?, ?, ?, ?::jsonb, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);

@@ -1,5 +1,8 @@
 package io.github.idempotency;
 
+import io.opentelemetry.api.trace.Span;
+import io.opentelemetry.api.trace.Tracer;
+import io.opentelemetry.context.Scope;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -37,20 +40,44 @@ public final class Idempotency {
 	 *     {@link RetryableException} for 40001 and 55P03, the driver's error when the connection failed
 	 */
 	public static ClaimResult claim(Connection db, ClaimRequest req) throws SQLException {
-		try (PreparedStatement st = db.prepareStatement(Sql.CLAIM)) {
-			st.setString(1, req.key());
-			Sql.setBytes(st, 2, req.fingerprint());
-			st.setString(3, req.scope());
-			st.setString(4, Sql.interval(req.lease()));
-			st.setString(5, Sql.interval(req.retention()));
+		return claim(db, req, null);
+	}
+
+	/**
+	 * {@link #claim(Connection, ClaimRequest)} with its span on {@code tracer}, and the {@code New}'s
+	 * complete and release spans too ({@link Telemetry#tracer}).
+	 *
+	 * @param db the connection
+	 * @param req the claim's arguments
+	 * @param tracer where the spans go; null: the global OpenTelemetry's
+	 * @return the outcome
+	 * @throws SQLException as {@link #claim(Connection, ClaimRequest)}
+	 */
+	@SuppressWarnings("try") // the span's scope is only closed
+	public static ClaimResult claim(Connection db, ClaimRequest req, Tracer tracer) throws SQLException {
+		Span span = Telemetry.start(tracer, "claim", req.key());
+		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.CLAIM)) {
+			Sql.setClaim(st, req);
 			st.setString(6, Sql.interval(req.waitFor()));
 			st.setString(7, req.token() == null ? null : req.token().toString());
 			try (ResultSet rs = st.executeQuery()) {
 				rs.next();
-				return Sql.readClaim(req, rs);
+				ClaimResult r = Sql.readClaim(req, rs, tracer);
+				span.setAttribute("idempotency.outcome", r.outcome().text());
+				if (r instanceof ClaimResult.New won) {
+					span.setAttribute("idempotency.attempt", won.attempt());
+				}
+				return r;
 			}
 		} catch (SQLException e) {
-			throw IdempotencyException.of("claim", e);
+			SQLException thrown = IdempotencyException.of("claim", e);
+			Telemetry.fail(span, thrown);
+			throw thrown;
+		} catch (RuntimeException e) {
+			Telemetry.fail(span, e);
+			throw e;
+		} finally {
+			span.end();
 		}
 	}
 
@@ -64,18 +91,72 @@ public final class Idempotency {
 	 * @throws SQLException as {@link #claim(Connection, ClaimRequest)}, or the pool's error
 	 */
 	public static ClaimResult claim(DataSource ds, ClaimRequest req) throws SQLException {
+		return claim(ds, req, null);
+	}
+
+	/**
+	 * {@link #claim(DataSource, ClaimRequest)} with its spans on {@code tracer}.
+	 *
+	 * @param ds the data source
+	 * @param req the claim's arguments
+	 * @param tracer where the spans go; null: the global OpenTelemetry's
+	 * @return the outcome
+	 * @throws SQLException as {@link #claim(DataSource, ClaimRequest)}
+	 */
+	public static ClaimResult claim(DataSource ds, ClaimRequest req, Tracer tracer) throws SQLException {
 		try (Connection c = ds.getConnection()) {
 			if (c.getAutoCommit()) {
-				return claim(c, req);
+				return claim(c, req, tracer);
 			}
 			try {
-				ClaimResult r = claim(c, req);
-				c.commit();
+				ClaimResult r = claim(c, req, tracer);
+				TransactionCommands.commit(c);
 				return r;
 			} catch (SQLException | RuntimeException e) {
 				rollbackQuietly(c);
 				throw e;
 			}
+		}
+	}
+
+	/**
+	 * For a middleware that claims in the handler's transaction (one transaction per request), after a
+	 * 5xx rolled that transaction back, claim and all: stores the 5xx for replay when the setting
+	 * {@code idempotency.store_server_errors} is on, as {@code complete} would have, in one statement
+	 * that commits at once; with the setting off it writes nothing (the 5xx is released). Its span is
+	 * an {@code idempotency.complete}.
+	 *
+	 * @param db a connection in autocommit
+	 * @param req the request's claim (its lease, retention, scope)
+	 * @param statusCode the 5xx
+	 * @param body the response body, null for none
+	 * @param headers the headers a replay repeats, null or empty for none
+	 * @param tracer where the span goes; null: the global OpenTelemetry's
+	 * @return {@code STORED}, or {@code RELEASED} when nothing is kept (the setting is off, or another
+	 *     request holds the key now)
+	 * @throws SQLException an error of the server or of the connection
+	 */
+	@SuppressWarnings("try") // the span's scope is only closed
+	public static ClaimResult.Completion keepServerError(Connection db, ClaimRequest req, int statusCode,
+			byte[] body, java.util.Map<String, java.util.List<String>> headers, Tracer tracer) throws SQLException {
+		Span span = Telemetry.start(tracer, "complete", req.key());
+		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.KEEP_SERVER_ERROR)) {
+			Sql.setClaim(st, req);
+			st.setInt(6, statusCode);
+			Sql.setBytes(st, 7, body);
+			st.setString(8, headers == null || headers.isEmpty() ? null : Json.headers(headers));
+			String answer;
+			try (ResultSet rs = st.executeQuery()) {
+				answer = rs.next() ? rs.getString(1) : "released";
+			}
+			span.setAttribute("idempotency.outcome", answer);
+			return ClaimResult.Completion.valueOf(answer.toUpperCase(java.util.Locale.ROOT));
+		} catch (SQLException e) {
+			SQLException thrown = IdempotencyException.of("complete", e);
+			Telemetry.fail(span, thrown);
+			throw thrown;
+		} finally {
+			span.end();
 		}
 	}
 
@@ -90,7 +171,7 @@ public final class Idempotency {
 	 * @throws SQLException an error of the server or of the connection
 	 */
 	public static Optional<KeyRecord> lookup(Connection db, String scope, String key) throws SQLException {
-		try (PreparedStatement st = db.prepareStatement(Sql.LOOKUP)) {
+		try (PreparedStatement st = Sql.prepare(db, Sql.LOOKUP)) {
 			st.setString(1, key);
 			st.setString(2, scope);
 			try (ResultSet rs = st.executeQuery()) {
@@ -127,7 +208,7 @@ public final class Idempotency {
 	 */
 	public static byte[] fingerprint(Connection db, String method, String path, byte[] body, String query)
 			throws SQLException {
-		try (PreparedStatement st = db.prepareStatement("SELECT idempotency.fingerprint(?, ?, ?, ?)")) {
+		try (PreparedStatement st = Sql.prepare(db, "SELECT idempotency.fingerprint(?, ?, ?, ?)")) {
 			st.setString(1, method);
 			st.setString(2, path);
 			Sql.setBytes(st, 3, body);
@@ -166,7 +247,7 @@ public final class Idempotency {
 	/** Rolls c back, ignoring an error: the caller reports its own. */
 	static void rollbackQuietly(Connection c) {
 		try {
-			c.rollback();
+			TransactionCommands.rollback(c);
 		} catch (SQLException ignored) {
 			// the connection is gone: nothing committed
 		}

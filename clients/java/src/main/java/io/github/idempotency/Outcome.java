@@ -11,6 +11,15 @@ public enum Outcome {
 	/** The key belongs to another request (its fingerprint differs): answer 422. */
 	MISMATCH;
 
+	/**
+	 * The outcome as claim's text names it.
+	 *
+	 * @return new, replay, in_progress or mismatch
+	 */
+	public String text() {
+		return name().toLowerCase(java.util.Locale.ROOT);
+	}
+
 	/** The outcome that claim's text names. */
 	static Outcome of(String text) {
 		switch (text) {

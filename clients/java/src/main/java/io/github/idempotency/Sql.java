@@ -1,6 +1,8 @@
 package io.github.idempotency;
 
+import io.opentelemetry.api.trace.Tracer;
 import java.sql.Array;
+import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
@@ -12,6 +14,7 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import org.postgresql.PGStatement;
 
 /** The SQL the client sends, and the conversions between JDBC and its types. */
 final class Sql {
@@ -33,6 +36,17 @@ final class Sql {
 			+ String.format(HEADER_LINES, "c.headers")
 			+ " FROM idempotency.claim(?, ?, ?, ?::interval, ?::interval, ?::interval, ?::uuid) c";
 
+	/**
+	 * A 5xx kept after its one transaction rolled back, claim and all: claim and complete in one
+	 * statement, only when idempotency.store_server_errors is on (no row otherwise).
+	 */
+	static final String KEEP_SERVER_ERROR = "SELECT idempotency.complete(a.key, c.fence, a.status, a.body, a.headers, a.scope)"
+			+ " FROM (SELECT ?::text AS key, ?::bytea AS fingerprint, ?::text AS scope, ?::interval AS lease,"
+			+ " ?::interval AS retention, ?::int AS status, ?::bytea AS body, ?::jsonb AS headers) a,"
+			+ " idempotency.claim(a.key, a.fingerprint, a.scope, a.lease, a.retention) c"
+			+ " WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean"
+			+ " AND c.outcome OPERATOR(pg_catalog.=) 'new'";
+
 	/** lookup, one round trip; the lease in microseconds. */
 	static final String LOOKUP = "SELECT l.scope, l.key, l.fingerprint, l.state, l.attempt,"
 			+ " (extract(epoch FROM l.lease) * 1000000)::bigint AS lease_us, l.lease_expires_at,"
@@ -41,13 +55,28 @@ final class Sql {
 			+ String.format(HEADER_LINES, "l.headers")
 			+ " FROM idempotency.lookup(?, ?) l";
 
+	/**
+	 * Prepares sql on db as an unnamed statement each time it runs. pgjdbc would make a statement a
+	 * named server-side one after its fifth use on a connection (prepareThreshold 5), which a transaction
+	 * pooler before pgbouncer 1.21 breaks: the next transaction may run on another server connection,
+	 * where the name does not exist (26000) or is another client's (42P05). The client's statements are
+	 * function calls, cheap to parse, so this costs nothing worth keeping a named statement for.
+	 */
+	static PreparedStatement prepare(Connection db, String sql) throws SQLException {
+		PreparedStatement st = db.prepareStatement(sql);
+		if (st.isWrapperFor(PGStatement.class)) {
+			st.unwrap(PGStatement.class).setPrepareThreshold(0);
+		}
+		return st;
+	}
+
 	/** Reads claim's row into a result. */
-	static ClaimResult readClaim(ClaimRequest req, ResultSet rs) throws SQLException {
+	static ClaimResult readClaim(ClaimRequest req, ResultSet rs, Tracer tracer) throws SQLException {
 		OffsetDateTime created = rs.getObject("created_at", OffsetDateTime.class);
 		switch (Outcome.of(rs.getString("outcome"))) {
 			case NEW:
 				return new ClaimResult.New(req.scope(), req.key(), rs.getLong("fence"), rs.getInt("attempt"),
-						rs.getString("recovery_point"), rs.getString("recovery_state"), created);
+						rs.getString("recovery_point"), rs.getString("recovery_state"), created, tracer);
 			case REPLAY:
 				return new ClaimResult.Replay(rs.getInt("status_code"), headerLines(rs.getArray("header_lines")),
 						orEmpty(rs.getBytes("body")), created);
@@ -56,6 +85,15 @@ final class Sql {
 			default:
 				return new ClaimResult.Mismatch(created);
 		}
+	}
+
+	/** Sets parameters 1 to 5 to req's key, fingerprint, scope, lease and retention. */
+	static void setClaim(PreparedStatement st, ClaimRequest req) throws SQLException {
+		st.setString(1, req.key());
+		setBytes(st, 2, req.fingerprint());
+		st.setString(3, req.scope());
+		st.setString(4, interval(req.lease()));
+		st.setString(5, interval(req.retention()));
 	}
 
 	/** Sets parameter i to bytes, or to NULL. */

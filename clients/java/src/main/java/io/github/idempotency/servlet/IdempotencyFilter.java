@@ -158,8 +158,8 @@ public class IdempotencyFilter extends HttpFilter {
 		ClaimRequest claim = new ClaimRequest(options.scope().apply(req), key,
 				Fingerprint.of(req.getMethod(), req.getRequestURI(), body.length == 0 ? null : body,
 						query == null || query.isEmpty() ? null : query),
-				options.lease(), options.retention(), null, Idempotency.newToken());
-		ClaimResult result;
+				options.lease(), options.retention(), options.claimWait(), Idempotency.newToken());
+		Claim result;
 		try {
 			result = claim(claim);
 		} catch (InvalidArgumentException e) {
@@ -174,21 +174,45 @@ public class IdempotencyFilter extends HttpFilter {
 			}
 			return;
 		}
-		if (result instanceof ClaimResult.New ticket) {
-			run(req, res, chain, body, new Claimed(claim, ticket));
+		if (result.result() instanceof ClaimResult.New ticket) {
+			run(req, res, chain, body, new Claimed(claim, ticket, result.tx()));
 		} else {
-			answer(res, result);
+			try {
+				answer(res, result.result());
+				if (result.tx() != null) {
+					res.flushBuffer(); // one transaction: the answer goes out, then the empty transaction ends
+				}
+			} finally {
+				result.rollback();
+			}
 		}
 	}
 
-	/** A covered request's claim: what was asked (with the request's token) and what won. */
+	/**
+	 * A claim's answer; with one transaction, the transaction it ran in, open (the handler's when new).
+	 */
+	private record Claim(ClaimResult result, RequestTransactions.RequestTransaction tx) {
+		/** Ends the transaction, if any. */
+		void rollback() {
+			if (tx != null) {
+				tx.rollback();
+			}
+		}
+	}
+
+	/**
+	 * A covered request's claim: what was asked (with the request's token), what won and, with one
+	 * transaction, the transaction it is in, until the handler's run takes it.
+	 */
 	private static final class Claimed {
 		final ClaimRequest request;
 		ClaimResult.New ticket;
+		RequestTransactions.RequestTransaction tx;
 
-		Claimed(ClaimRequest request, ClaimResult.New ticket) {
+		Claimed(ClaimRequest request, ClaimResult.New ticket, RequestTransactions.RequestTransaction tx) {
 			this.request = request;
 			this.ticket = ticket;
+			this.tx = tx;
 		}
 	}
 
@@ -196,13 +220,28 @@ public class IdempotencyFilter extends HttpFilter {
 	 * Claims, asking again with the same token when the answer was lost (the connection failed, or none
 	 * could be made): the token makes a claim that did commit answer {@code new} again with the same
 	 * fence. A pool that timed out waiting for a connection is not asked again: it has waited already.
+	 * With one transaction the claim runs in a new handler's transaction, returned open (a lost answer
+	 * there means it rolled back: asked again in another).
 	 */
-	private ClaimResult claim(ClaimRequest claim) throws SQLException {
+	private Claim claim(ClaimRequest claim) throws SQLException {
 		long wait = options.retryDelay().toMillis();
 		for (int attempt = 1; ; attempt++) {
+			RequestTransactions.RequestTransaction tx = null;
 			try {
-				return Idempotency.claim(dataSource, claim);
+				if (!options.oneTransaction()) {
+					return new Claim(Idempotency.claim(dataSource, claim, options.tracer()), null);
+				}
+				tx = transactions.begin();
+				return new Claim(Idempotency.claim(tx.connection(), claim, options.tracer()), tx);
+			} catch (RuntimeException e) {
+				if (tx != null) {
+					tx.rollback();
+				}
+				throw e;
 			} catch (SQLException e) {
+				if (tx != null) {
+					tx.rollback();
+				}
 				if (!Idempotency.isConnectionLost(e) || attempt >= options.claimTries()
 						|| e instanceof java.sql.SQLTransientConnectionException) {
 					throw e;
@@ -232,32 +271,38 @@ public class IdempotencyFilter extends HttpFilter {
 				problem(res, Problem.unknown());
 				return;
 			}
-			ClaimResult again;
+			Claim asked;
 			try {
-				again = claim(c.request);
+				asked = claim(c.request);
 			} catch (SQLException | RuntimeException e) {
 				LOG.log(Level.ERROR, "idempotency: whether the request committed is unknown: " + e);
 				problem(res, Problem.unknown());
 				return;
 			}
+			ClaimResult again = asked.result();
 			if (again instanceof ClaimResult.Replay replay && replay.statusCode() == buffered.getStatus()
 					&& java.util.Arrays.equals(replay.body(), buffered.body())) {
+				asked.rollback();
 				buffered.send(); // our COMMIT went through: the handler's answer, whole
 				return;
 			}
 			if (!(again instanceof ClaimResult.New ticket)) {
+				// One transaction: a replay here is a duplicate's, which won after ours rolled back.
+				asked.rollback();
 				res.reset();
 				answer(res, again instanceof ClaimResult.InProgress ? null : again);
 				return;
 			}
 			res.reset();
 			if (runs == MAX_RUNS) {
+				asked.rollback();
 				release(ticket);
 				problem(res, Problem.unavailable());
 				return;
 			}
 			LOG.log(Level.WARNING, "idempotency: the COMMIT got no answer and rolled back; running the handler again");
 			c.ticket = ticket;
+			c.tx = asked.tx();
 		}
 	}
 
@@ -268,9 +313,14 @@ public class IdempotencyFilter extends HttpFilter {
 	private boolean runOnce(HttpServletRequest req, BufferedResponse res, FilterChain chain, byte[] body, Claimed c)
 			throws IOException, ServletException {
 		ClaimResult.New ticket = c == null ? null : c.ticket;
-		RequestTransactions.RequestTransaction tx;
+		RequestTransactions.RequestTransaction tx = c == null ? null : c.tx;
 		try {
-			tx = transactions.begin();
+			if (tx == null) {
+				tx = transactions.begin();
+			}
+			if (c != null) {
+				c.tx = null; // this run ends it
+			}
 		} catch (SQLException | RuntimeException e) {
 			release(ticket);
 			unavailable((HttpServletResponse) res.getResponse(), e);
@@ -304,7 +354,7 @@ public class IdempotencyFilter extends HttpFilter {
 			release(ticket);
 			return false;
 		}
-		return settle(res, tx, ticket);
+		return settle(res, tx, c);
 	}
 
 	/**
@@ -312,18 +362,22 @@ public class IdempotencyFilter extends HttpFilter {
 	 * alone; otherwise complete and commit, or 409 (the claim was lost) or 503. True, sending nothing,
 	 * when the answer to complete or to the COMMIT was lost.
 	 */
-	private boolean settle(BufferedResponse res, RequestTransactions.RequestTransaction tx, ClaimResult.New ticket)
+	private boolean settle(BufferedResponse res, RequestTransactions.RequestTransaction tx, Claimed c)
 			throws IOException {
 		HttpServletResponse real = (HttpServletResponse) res.getResponse();
+		ClaimResult.New ticket = c == null ? null : c.ticket;
 		int status = res.getStatus();
 		if (status >= 500) {
 			tx.rollback();
-			abandon(ticket, status, res.body(), storedHeaders(real));
+			abandon(c, status, res.body(), storedHeaders(real));
 			res.send();
 			return false;
 		}
 		try {
-			if (ticket != null) {
+			if (ticket != null && tx.readyToComplete()) {
+				// complete and COMMIT in one round trip; tx.commit() below then only ends the transaction
+				ticket.completeAndCommit(tx.connection(), status, res.body(), storedHeaders(real));
+			} else if (ticket != null) {
 				ticket.complete(tx.connection(), status, res.body(), storedHeaders(real));
 			}
 		} catch (ClaimLostException e) {
@@ -369,14 +423,20 @@ public class IdempotencyFilter extends HttpFilter {
 
 	/**
 	 * Hands a 5xx to complete on its own, which frees the key (or stores it with
-	 * idempotency.store_server_errors on); release when that fails otherwise than by IK001.
+	 * idempotency.store_server_errors on); release when that fails otherwise than by IK001. With one
+	 * transaction the claim rolled back with the rest: the 5xx is kept only with that setting on.
 	 */
-	private void abandon(ClaimResult.New ticket, int status, byte[] body, Map<String, List<String>> headers) {
-		if (ticket == null) {
+	private void abandon(Claimed c, int status, byte[] body, Map<String, List<String>> headers) {
+		if (c == null) {
 			return;
 		}
+		ClaimResult.New ticket = c.ticket;
 		try (Connection db = dataSource.getConnection()) {
 			db.setAutoCommit(true);
+			if (options.oneTransaction()) {
+				Idempotency.keepServerError(db, c.request, status, body, headers, options.tracer());
+				return;
+			}
 			ticket.complete(db, status, body, headers);
 		} catch (ClaimLostException e) {
 			// a retry owns the key: nothing of ours to free
@@ -386,9 +446,12 @@ public class IdempotencyFilter extends HttpFilter {
 		}
 	}
 
-	/** Frees the key of ticket (if any) so that a retry runs again; a failure only delays that retry. */
+	/**
+	 * Frees the key of ticket (if any) so that a retry runs again; a failure only delays that retry.
+	 * With one transaction there is nothing to free: the claim rolled back with the handler's writes.
+	 */
 	private void release(ClaimResult.New ticket) {
-		if (ticket == null) {
+		if (ticket == null || options.oneTransaction()) {
 			return;
 		}
 		try (Connection db = dataSource.getConnection()) {

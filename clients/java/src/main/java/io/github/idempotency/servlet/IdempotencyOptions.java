@@ -1,5 +1,8 @@
 package io.github.idempotency.servlet;
 
+import io.github.idempotency.Telemetry;
+import io.opentelemetry.api.OpenTelemetry;
+import io.opentelemetry.api.trace.Tracer;
 import jakarta.servlet.http.HttpServletRequest;
 import java.time.Duration;
 import java.util.List;
@@ -18,6 +21,9 @@ public final class IdempotencyOptions {
 	private Function<HttpServletRequest, String> scope = IdempotencyFilter::callerScope;
 	private int claimTries = 4;
 	private Duration retryDelay = Duration.ofMillis(50);
+	private Tracer tracer;
+	private boolean oneTransaction;
+	private Duration claimWait;
 
 	/** @return the methods that take a key (default POST, PATCH) */
 	public List<String> methods() {
@@ -163,6 +169,62 @@ public final class IdempotencyOptions {
 	 */
 	public IdempotencyOptions retryDelay(Duration retryDelay) {
 		this.retryDelay = Objects.requireNonNull(retryDelay, "retryDelay");
+		return this;
+	}
+
+	/** @return where the spans go; null: the global OpenTelemetry's, looked up at each request */
+	public Tracer tracer() {
+		return tracer;
+	}
+
+	/**
+	 * @param tracer where the spans go (default null: the global OpenTelemetry's)
+	 * @return this
+	 */
+	public IdempotencyOptions tracer(Tracer tracer) {
+		this.tracer = tracer;
+		return this;
+	}
+
+	/**
+	 * @param openTelemetry whose tracer the spans go to (default: the global OpenTelemetry)
+	 * @return this
+	 */
+	public IdempotencyOptions openTelemetry(OpenTelemetry openTelemetry) {
+		this.tracer = Telemetry.tracer(openTelemetry);
+		return this;
+	}
+
+	/** @return whether the claim is in the handler's transaction */
+	public boolean oneTransaction() {
+		return oneTransaction;
+	}
+
+	/**
+	 * @param oneTransaction the claim, the handler's writes and complete in one transaction (default
+	 *     false: the claim commits on its own first), for handlers whose effects are all in this database
+	 * @return this
+	 */
+	public IdempotencyOptions oneTransaction(boolean oneTransaction) {
+		this.oneTransaction = oneTransaction;
+		return this;
+	}
+
+	/**
+	 * @return how long a duplicate waits for the request it repeats before 409: what was set, else 2 s
+	 *     with {@link #oneTransaction}, else null (no wait)
+	 */
+	public Duration claimWait() {
+		return claimWait != null ? claimWait : oneTransaction ? Duration.ofSeconds(2) : null;
+	}
+
+	/**
+	 * @param claimWait how long a duplicate waits for the request it repeats before answering 409
+	 *     (claim's {@code wait}); default none, 2 s with {@link #oneTransaction}
+	 * @return this
+	 */
+	public IdempotencyOptions claimWait(Duration claimWait) {
+		this.claimWait = positive(claimWait, "claimWait");
 		return this;
 	}
 

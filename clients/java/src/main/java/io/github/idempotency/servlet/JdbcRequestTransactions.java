@@ -1,5 +1,6 @@
 package io.github.idempotency.servlet;
 
+import io.github.idempotency.TransactionCommands;
 import java.sql.Connection;
 import java.sql.SQLException;
 import javax.sql.DataSource;
@@ -41,7 +42,7 @@ public final class JdbcRequestTransactions implements RequestTransactions {
 			public void commit() throws SQLException {
 				ended = true;
 				try {
-					c.commit();
+					TransactionCommands.commit(c);
 				} finally {
 					giveBack(c);
 				}
@@ -54,7 +55,7 @@ public final class JdbcRequestTransactions implements RequestTransactions {
 				}
 				ended = true;
 				try {
-					c.rollback();
+					TransactionCommands.rollback(c);
 				} catch (SQLException ignored) {
 					// a lost connection rolls back by itself
 				} finally {

@@ -29,7 +29,22 @@ public interface RequestTransactions {
 		Connection connection() throws SQLException;
 
 		/**
-		 * Commits and gives the connection back.
+		 * Readies the transaction for {@code complete}: sends what the framework holds back until the
+		 * commit (JPA's pending changes), and says whether the COMMIT may travel with {@code complete}
+		 * in one round trip: not when something of the framework's must still run inside the
+		 * transaction at commit (Spring's before-commit callbacks, {@code @TransactionalEventListener}
+		 * of phase BEFORE_COMMIT). Plain JDBC holds nothing back and has nothing to run.
+		 *
+		 * @return whether {@code complete} may carry the COMMIT
+		 * @throws SQLException the error of a write it sends
+		 */
+		default boolean readyToComplete() throws SQLException {
+			return true;
+		}
+
+		/**
+		 * Commits (nothing to send when {@code complete} carried the COMMIT) and gives the connection
+		 * back.
 		 *
 		 * @throws Exception the error of the COMMIT (a {@link SQLException}, or the framework's exception
 		 *     with one as its cause)

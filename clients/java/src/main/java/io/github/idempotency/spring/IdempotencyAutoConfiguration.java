@@ -2,9 +2,11 @@ package io.github.idempotency.spring;
 
 import io.github.idempotency.servlet.IdempotencyFilter;
 import io.github.idempotency.servlet.IdempotencyOptions;
+import io.opentelemetry.api.OpenTelemetry;
 import jakarta.servlet.DispatcherType;
 import java.util.concurrent.Callable;
 import javax.sql.DataSource;
+import org.springframework.beans.factory.ObjectProvider;
 import org.springframework.boot.autoconfigure.AutoConfiguration;
 import org.springframework.boot.autoconfigure.condition.ConditionalOnClass;
 import org.springframework.boot.autoconfigure.condition.ConditionalOnMissingBean;
@@ -49,13 +51,14 @@ public class IdempotencyAutoConfiguration {
 	 * @param dataSource the application's DataSource
 	 * @param transactionManager its transaction manager
 	 * @param properties the idempotency.* properties
+	 * @param openTelemetry the application's OpenTelemetry, if it has one (else the global one)
 	 * @return the filter
 	 */
 	@Bean
 	@ConditionalOnMissingBean
 	@ConditionalOnSingleCandidate(PlatformTransactionManager.class)
 	public IdempotencyFilter idempotencyFilter(DataSource dataSource, PlatformTransactionManager transactionManager,
-			IdempotencyProperties properties) {
+			IdempotencyProperties properties, ObjectProvider<OpenTelemetry> openTelemetry) {
 		IdempotencyOptions options = new IdempotencyOptions()
 				.methods(properties.getMethods())
 				.keyOptional(properties.isKeyOptional())
@@ -65,7 +68,10 @@ public class IdempotencyAutoConfiguration {
 				.storeHeaders(properties.getStoreHeaders())
 				.maxBodyBytes(Math.toIntExact(properties.getMaxBodySize().toBytes()))
 				.claimTries(properties.getClaimTries())
-				.retryDelay(properties.getRetryDelay());
+				.retryDelay(properties.getRetryDelay())
+				.oneTransaction(properties.isOneTransaction())
+				.claimWait(properties.getClaimWait());
+		openTelemetry.ifUnique(options::openTelemetry);
 		return new IdempotencyFilter(dataSource, new SpringRequestTransactions(transactionManager, dataSource),
 				options);
 	}

@@ -35,6 +35,13 @@ public class IdempotencyProperties {
 	private int claimTries = 4;
 	/** The first wait before a claim is asked again, doubled each time. */
 	private Duration retryDelay = Duration.ofMillis(50);
+	/**
+	 * The claim, the handler's writes and complete in one transaction, for handlers whose effects are
+	 * all in this database.
+	 */
+	private boolean oneTransaction;
+	/** How long a duplicate waits for the request it repeats before 409; unset: none, 2s with one-transaction. */
+	private Duration claimWait;
 
 	/** @return whether to register the filter */
 	public boolean isEnabled() {
@@ -154,5 +161,25 @@ public class IdempotencyProperties {
 	/** @param retryDelay the first wait before a claim is asked again */
 	public void setRetryDelay(Duration retryDelay) {
 		this.retryDelay = retryDelay;
+	}
+
+	/** @return whether the claim is in the handler's transaction */
+	public boolean isOneTransaction() {
+		return oneTransaction;
+	}
+
+	/** @param oneTransaction whether the claim is in the handler's transaction */
+	public void setOneTransaction(boolean oneTransaction) {
+		this.oneTransaction = oneTransaction;
+	}
+
+	/** @return how long a duplicate waits, null for the default */
+	public Duration getClaimWait() {
+		return claimWait;
+	}
+
+	/** @param claimWait how long a duplicate waits */
+	public void setClaimWait(Duration claimWait) {
+		this.claimWait = claimWait;
 	}
 }

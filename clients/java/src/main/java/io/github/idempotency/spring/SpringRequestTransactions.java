@@ -1,5 +1,6 @@
 package io.github.idempotency.spring;
 
+import io.github.idempotency.TransactionCommands;
 import io.github.idempotency.servlet.RequestTransactions;
 import java.lang.System.Logger.Level;
 import java.sql.Connection;
@@ -9,6 +10,7 @@ import org.springframework.transaction.PlatformTransactionManager;
 import org.springframework.transaction.TransactionDefinition;
 import org.springframework.transaction.TransactionStatus;
 import org.springframework.transaction.support.DefaultTransactionDefinition;
+import org.springframework.transaction.support.TransactionSynchronization;
 import org.springframework.transaction.support.TransactionSynchronizationManager;
 
 /**
@@ -46,10 +48,19 @@ public final class SpringRequestTransactions implements RequestTransactions {
 			throw new IllegalStateException("idempotency: the transaction manager does not bind connections of "
 					+ "the DataSource, so complete could not commit with the handler's writes");
 		}
+		Connection bound = DataSourceUtils.getConnection(dataSource);
+		TransactionSynchronizationManager.registerSynchronization(new UnnamedTransactionCommands(bound));
 		return new RequestTransaction() {
 			@Override
 			public Connection connection() {
 				return DataSourceUtils.getConnection(dataSource);
+			}
+
+			@Override
+			public boolean readyToComplete() {
+				status.flush();
+				return TransactionSynchronizationManager.getSynchronizations().stream()
+						.allMatch(UnnamedTransactionCommands.class::isInstance);
 			}
 
 			@Override
@@ -69,5 +80,29 @@ public final class SpringRequestTransactions implements RequestTransactions {
 				}
 			}
 		};
+	}
+
+	/**
+	 * Sends the transaction's COMMIT or ROLLBACK as an unnamed statement (through pgbouncer before 1.21,
+	 * see {@link TransactionCommands}), and gives the connection its own setting back before the
+	 * transaction manager releases it.
+	 */
+	private static final class UnnamedTransactionCommands implements TransactionSynchronization {
+		private final Connection connection;
+		private int saved = -1;
+
+		UnnamedTransactionCommands(Connection connection) {
+			this.connection = connection;
+		}
+
+		@Override
+		public void beforeCompletion() {
+			saved = TransactionCommands.unnamed(connection);
+		}
+
+		@Override
+		public void afterCompletion(int status) {
+			TransactionCommands.restore(connection, saved);
+		}
 	}
 }

@@ -4,6 +4,7 @@ import com.zaxxer.hikari.HikariConfig;
 import com.zaxxer.hikari.HikariDataSource;
 import io.github.idempotency.TestDb;
 import io.github.idempotency.servlet.IdempotencyFilter;
+import io.github.idempotency.servlet.IdempotencyOptions;
 import io.github.idempotency.servlet.JdbcRequestTransactions;
 import io.github.idempotency.servlet.PaymentServlet;
 import io.github.idempotency.servlet.RequestTransactions;
@@ -25,6 +26,7 @@ import java.util.UUID;
  * on 127.0.0.1 with a HikariCP pool whose connections count round trips. One client sends sequential
  * requests over a kept-alive connection; the kinds take turns, 100 timed requests at a time after 20
  * untimed. Prints the median latency and the round trips per request of each kind.
+ * IDEMPOTENCY_ONE_TRANSACTION=on measures the filter in one-transaction mode.
  *   java ... io.github.idempotency.bench.Overhead [requests per kind] [synchronous_commit]
  */
 public final class Overhead {
@@ -40,7 +42,8 @@ public final class Overhead {
 		try (HikariDataSource guardedPool = pool("guarded", syncCommit);
 				HikariDataSource plainPool = pool("plain", syncCommit);
 				TomcatServer guarded = new TomcatServer(new PaymentServlet("bench_charges"),
-						new IdempotencyFilter(guardedPool));
+						new IdempotencyFilter(guardedPool, new JdbcRequestTransactions(guardedPool), new IdempotencyOptions()
+								.oneTransaction("on".equals(System.getenv("IDEMPOTENCY_ONE_TRANSACTION")))));
 				TomcatServer plain = new TomcatServer(new PaymentServlet("bench_charges"), inTransaction(plainPool))) {
 			HttpClient http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
 			String replayKey = UUID.randomUUID().toString();
@@ -57,7 +60,8 @@ public final class Overhead {
 					kinds.get(name).send(http, 100, true);
 				}
 			}
-			System.out.printf("synchronous_commit=%s, %d requests of each kind%n", syncCommit, total);
+			System.out.printf("synchronous_commit=%s, one transaction %s, %d requests of each kind%n", syncCommit,
+					System.getenv().getOrDefault("IDEMPOTENCY_ONE_TRANSACTION", "off"), total);
 			for (String name : List.of("plain", "fresh", "replay")) {
 				Kind k = kinds.get(name);
 				System.out.printf("%-7s median %.3f ms, %.2f round trips a request%n", name, k.median(),

@@ -27,7 +27,7 @@ class FilterIT {
 	static final String BOB = "Bearer sk_test_bob";
 	private static HikariDataSource pool;
 	private LossyDataSource lossy;
-	private PaymentServlet servlet;
+	PaymentServlet servlet;
 	private TomcatServer server;
 
 	@BeforeAll
@@ -47,8 +47,12 @@ class FilterIT {
 	void start() throws Exception {
 		lossy = new LossyDataSource(pool);
 		servlet = new PaymentServlet("filter_charges");
-		server = new TomcatServer(servlet, new IdempotencyFilter(lossy, new JdbcRequestTransactions(lossy),
-				new IdempotencyOptions().lease(Duration.ofSeconds(1))));
+		server = new TomcatServer(servlet, new IdempotencyFilter(lossy, new JdbcRequestTransactions(lossy), options()));
+	}
+
+	/** The filter's options: a lease of 1 s. */
+	IdempotencyOptions options() {
+		return new IdempotencyOptions().lease(Duration.ofSeconds(1));
 	}
 
 	@AfterEach
@@ -56,7 +60,7 @@ class FilterIT {
 		server.close();
 	}
 
-	private Http.Response pay(String credential, String body, String... keys) throws Exception {
+	Http.Response pay(String credential, String body, String... keys) throws Exception {
 		return Http.post(server.port(), "/payments", credential, body, keys);
 	}
 
@@ -261,7 +265,8 @@ class FilterIT {
 		config.setMaximumPoolSize(2);
 		config.setConnectionInitSql("SET idempotency.store_server_errors = on");
 		try (HikariDataSource storing = new HikariDataSource(config);
-				TomcatServer s = new TomcatServer(servlet, new IdempotencyFilter(storing))) {
+				TomcatServer s = new TomcatServer(servlet, new IdempotencyFilter(storing,
+						new JdbcRequestTransactions(storing), options()))) {
 			String key = TestDb.uniqueKey("stored5xx");
 			Http.Response fail = Http.post(s.port(), "/payments", ALICE, "{\"amount\":111,\"fail\":true}", key);
 			Http.Response again = Http.post(s.port(), "/payments", ALICE, "{\"amount\":111,\"fail\":true}", key);

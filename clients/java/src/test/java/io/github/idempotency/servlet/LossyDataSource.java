@@ -20,7 +20,7 @@ public final class LossyDataSource implements DataSource {
 	private final DataSource real;
 	/** How many of the next claims lose their answer. */
 	public final AtomicInteger loseClaims = new AtomicInteger();
-	/** How many of the next COMMITs commit and lose their answer. */
+	/** How many of the next COMMITs (a connection's, or sent with complete) commit and lose their answer. */
 	public final AtomicInteger loseCommitsAfter = new AtomicInteger();
 	/** How many of the next COMMITs roll back and lose their answer. */
 	public final AtomicInteger loseCommitsBefore = new AtomicInteger();
@@ -68,14 +68,33 @@ public final class LossyDataSource implements DataSource {
 						if (sql.contains("idempotency.claim(") && take(refuseClaims)) {
 							throw new SQLException("permission denied for function claim", "42501");
 						}
-						if ((sql.contains("idempotency.claim(") && take(loseClaims))
-								|| (sql.contains("idempotency.complete(") && take(loseCompletes))) {
+						if (sql.contains("idempotency.claim(") && take(loseClaims)) {
 							st.executeQuery().close();
 							throw lost(c);
 						}
 					}
+					if (method.getName().equals("execute") && sql.contains("idempotency.complete(")) {
+						return completing(c, st, sql.contains("COMMIT"));
+					}
 					return invoke(st, method, args);
 				});
+	}
+
+	/**
+	 * Runs st, a complete (with the COMMIT when withCommit), losing its answer when that is armed:
+	 * complete ran and the connection dropped before the COMMIT (loseCompletes), the COMMIT ran
+	 * (loseCommitsAfter) or did not (loseCommitsBefore).
+	 */
+	private boolean completing(Connection c, PreparedStatement st, boolean withCommit) throws SQLException {
+		if (take(loseCompletes) || (withCommit && take(loseCommitsBefore))) {
+			throw lost(c); // the transaction rolls back with the connection
+		}
+		boolean result = st.execute();
+		if (withCommit && take(loseCommitsAfter)) {
+			loseClaims.addAndGet(loseClaimsAfterLostCommit.getAndSet(0));
+			throw lost(c);
+		}
+		return result;
 	}
 
 	/** Aborts c (the pool discards it) and returns the error a dropped connection gives. */

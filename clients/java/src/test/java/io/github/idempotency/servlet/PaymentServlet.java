@@ -10,6 +10,7 @@ import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
 import java.util.concurrent.atomic.AtomicInteger;
+import org.postgresql.PGStatement;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -43,6 +44,9 @@ public class PaymentServlet extends HttpServlet {
 		Connection db = IdempotencyFilter.connection(req);
 		long id;
 		try (PreparedStatement st = db.prepareStatement("INSERT INTO " + table + " (amount) VALUES (?) RETURNING id")) {
+			// Never a named server-side statement, as an app behind a transaction pooler (PgBouncerIT)
+			// sets on its own statements; the filter does so on its.
+			st.unwrap(PGStatement.class).setPrepareThreshold(0);
 			st.setLong(1, number(body, "amount"));
 			try (ResultSet rs = st.executeQuery()) {
 				rs.next();

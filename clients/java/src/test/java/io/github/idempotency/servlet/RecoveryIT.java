@@ -47,7 +47,12 @@ class RecoveryIT {
 	void start() throws Exception {
 		lossy = new LossyDataSource(pool);
 		servlet = new PaymentServlet("filter_charges");
-		server = new TomcatServer(servlet, new IdempotencyFilter(lossy));
+		server = new TomcatServer(servlet, new IdempotencyFilter(lossy, new JdbcRequestTransactions(lossy), options()));
+	}
+
+	/** The filter's options: the defaults. */
+	IdempotencyOptions options() {
+		return new IdempotencyOptions();
 	}
 
 	@AfterEach

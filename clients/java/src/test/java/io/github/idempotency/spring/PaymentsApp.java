@@ -10,6 +10,8 @@ import org.springframework.http.ResponseEntity;
 import org.springframework.jdbc.core.JdbcTemplate;
 import org.springframework.stereotype.Service;
 import org.springframework.transaction.annotation.Transactional;
+import org.springframework.transaction.support.TransactionSynchronization;
+import org.springframework.transaction.support.TransactionSynchronizationManager;
 import org.springframework.web.bind.annotation.PostMapping;
 import org.springframework.web.bind.annotation.RequestBody;
 import org.springframework.web.bind.annotation.RestController;
@@ -75,6 +77,25 @@ public class PaymentsApp {
 				throw new IllegalStateException("the handler failed after the service committed nothing yet");
 			}
 			return ResponseEntity.status(201).body(Map.of("charge", id));
+		}
+
+		/**
+		 * Records its transaction's id, and registers a before-commit callback (as an outbox or a
+		 * BEFORE_COMMIT event listener does) that records the id of the transaction it runs in.
+		 */
+		@PostMapping("/outbox-payments")
+		public ResponseEntity<Map<String, Long>> payWithOutbox(@RequestBody Map<String, Object> body) {
+			String marker = String.valueOf(body.get("marker"));
+			jdbc.update("INSERT INTO spring_outbox (marker, kind, xid) VALUES (?, 'handler', pg_current_xact_id()::text)",
+					marker);
+			TransactionSynchronizationManager.registerSynchronization(new TransactionSynchronization() {
+				@Override
+				public void beforeCommit(boolean readOnly) {
+					jdbc.update("INSERT INTO spring_outbox (marker, kind, xid)"
+							+ " VALUES (?, 'before_commit', pg_current_xact_id()::text)", marker);
+				}
+			});
+			return ResponseEntity.status(201).body(Map.of("charge", 0L));
 		}
 
 		/** An asynchronous handler: refused behind the filter. */

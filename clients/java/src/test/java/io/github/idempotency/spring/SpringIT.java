@@ -6,9 +6,11 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.zaxxer.hikari.HikariDataSource;
+import io.github.idempotency.Spans;
 import io.github.idempotency.TestDb;
 import io.github.idempotency.servlet.Http;
 import io.github.idempotency.servlet.IdempotencyFilter;
+import io.opentelemetry.api.OpenTelemetry;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
@@ -21,12 +23,14 @@ import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 import org.springframework.beans.factory.annotation.Autowired;
 import org.springframework.boot.test.context.SpringBootTest;
+import org.springframework.boot.test.context.TestConfiguration;
 import org.springframework.boot.test.web.server.LocalServerPort;
+import org.springframework.context.annotation.Bean;
 import org.springframework.test.context.DynamicPropertyRegistry;
 import org.springframework.test.context.DynamicPropertySource;
 
 /** The auto-configuration in a Spring Boot app: JdbcTemplate and @Transactional writes commit with complete. */
-@SpringBootTest(classes = PaymentsApp.class, webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT,
+@SpringBootTest(classes = {PaymentsApp.class, SpringIT.Telemetry.class}, webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT,
 		properties = {"spring.datasource.hikari.maximum-pool-size=4", "idempotency.lease=2s"})
 class SpringIT {
 	private static final String ALICE = "Bearer sk_test_alice";
@@ -37,6 +41,22 @@ class SpringIT {
 	DataSource dataSource;
 	@Autowired
 	IdempotencyFilter filter;
+	@Autowired
+	Spans spans;
+
+	/** The application's OpenTelemetry: an SDK with the in-memory exporter. */
+	@TestConfiguration
+	static class Telemetry {
+		@Bean
+		Spans spans() {
+			return new Spans();
+		}
+
+		@Bean
+		OpenTelemetry openTelemetry(Spans spans) {
+			return spans.sdk;
+		}
+	}
 
 	@DynamicPropertySource
 	static void database(DynamicPropertyRegistry registry) {
@@ -48,13 +68,14 @@ class SpringIT {
 		TestDb.sql("CREATE TABLE IF NOT EXISTS spring_charges (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
 				+ " amount numeric NOT NULL)");
 		TestDb.sql("TRUNCATE spring_charges");
+		TestDb.sql("CREATE TABLE IF NOT EXISTS spring_outbox (marker text, kind text, xid text)");
 	}
 
-	private Http.Response pay(String path, String body, String key) throws Exception {
+	Http.Response pay(String path, String body, String key) throws Exception {
 		return Http.post(port, path, ALICE, body, key);
 	}
 
-	private static long charges(long amount) throws Exception {
+	static long charges(long amount) throws Exception {
 		return Long.parseLong(TestDb.sql("SELECT count(*) FROM spring_charges WHERE amount = " + amount));
 	}
 
@@ -67,6 +88,16 @@ class SpringIT {
 	void autoConfiguredOnTheApplicationsPool() {
 		assertTrue(dataSource instanceof HikariDataSource);
 		assertTrue(filter != null);
+	}
+
+	@Test
+	void spansGoToTheApplicationsOpenTelemetry() throws Exception {
+		String key = TestDb.uniqueKey("secret-key");
+		assertEquals(201, pay("/payments", "{\"amount\":31337}", key).status());
+		assertEquals(201, pay("/payments", "{\"amount\":31337}", key).status());
+		assertEquals(List.of("idempotency.claim new", "idempotency.complete stored", "idempotency.claim replay"),
+				spans.summary(key));
+		spans.assertClean(key, "secret-key", "31337", "sk_test_alice");
 	}
 
 	@Test
@@ -94,6 +125,15 @@ class SpringIT {
 		assertEquals(500, pay("/service-payments", "{\"amount\":303,\"throw\":true}", failing).status());
 		assertEquals(0, charges(303)); // the service's write rolled back with the handler's failure
 		assertNull(state(failing));
+	}
+
+	@Test
+	void beforeCommitCallbacksRunInTheTransactionOfCompleteAndTheWrites() throws Exception {
+		String key = TestDb.uniqueKey("outbox");
+		assertEquals(201, pay("/outbox-payments", "{\"marker\":\"" + key + "\"}", key).status());
+		assertEquals("completed", state(key));
+		assertEquals("2|1", TestDb.sql("SELECT count(*) || '|' || count(DISTINCT xid) FROM spring_outbox"
+				+ " WHERE marker = '" + key + "'"));
 	}
 
 	@Test
