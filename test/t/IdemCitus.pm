@@ -34,12 +34,14 @@ sub citus_skip_unless_installed
 # ($coordinator, [$worker1, $worker2]).  Each listens on 127.0.0.1 (Citus
 # connects its nodes over TCP) besides the harness's Unix socket, and
 # preloads citus first, then the library.  %opts: worker_conf => text
-# appended to the workers' postgresql.conf.
+# appended to the workers' postgresql.conf; prefix => a prefix of the nodes'
+# names (for a test that makes more than one cluster).
 sub citus_cluster
 {
 	my (%opts) = @_;
-	my $coord = _citus_node('coordinator', '');
-	my @workers = map { _citus_node("worker$_", $opts{worker_conf} // '') } (1, 2);
+	my $prefix = $opts{prefix} // '';
+	my $coord = _citus_node("${prefix}coordinator", '');
+	my @workers = map { _citus_node("${prefix}worker$_", $opts{worker_conf} // '') } (1, 2);
 
 	foreach my $node ($coord, @workers)
 	{
