@@ -70,7 +70,10 @@
  */
 #define CITUS_COLOCATED_SHARDS_LOCK_CLASS 8
 
-/* The shards of idempotency.keys, their hash ranges, and whether this node holds them. */
+/*
+ * The shards of idempotency.keys, their hash ranges, whether this node holds
+ * them, and the distribution column (a Var, as Citus writes it).
+ */
 #define SHARDS_SQL \
 	"SELECT s.shardid, s.shardminvalue::pg_catalog.int4, s.shardmaxvalue::pg_catalog.int4," \
 	" p.colocationid, EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl," \
@@ -78,7 +81,7 @@
 	" AND pl.groupid OPERATOR(pg_catalog.=) g.groupid)," \
 	" COALESCE(p.partmethod OPERATOR(pg_catalog.=) 'h'::pg_catalog.\"char\"" \
 	" AND pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)" \
-	" OPERATOR(pg_catalog.=) 'scope', false)" \
+	" OPERATOR(pg_catalog.=) 'scope', false), p.partkey" \
 	" FROM pg_catalog.pg_dist_partition p JOIN pg_catalog.pg_dist_shard s" \
 	" ON s.logicalrelid OPERATOR(pg_catalog.=) p.logicalrelid" \
 	" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1" \
@@ -108,6 +111,8 @@ static struct
 	bool		distributed;
 	bool		floored;		/* the fence floor was set since it was loaded */
 	uint32		colocationid;
+	Oid			scope_type;		/* the type and collation Citus hashes scopes as */
+	Oid			scope_collation;
 	int			nshards;
 	KeysShard  *shards;
 } map;
@@ -198,6 +203,16 @@ map_read_shards(Oid keys_relid)
 		s->min = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
 		s->max = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
 		map.colocationid = DatumGetUInt32(SPI_getbinval(tup, desc, 4, &isnull));
+		if (i == 0)
+		{
+			Node	   *partkey = stringToNode(TextDatumGetCString(SPI_getbinval(tup, desc, 7,
+																					&isnull)));
+
+			if (!IsA(partkey, Var))
+				elog(ERROR, "the distribution column of idempotency.keys is not a column");
+			map.scope_type = ((Var *) partkey)->vartype;
+			map.scope_collation = ((Var *) partkey)->varcollid;
+		}
 		s->local = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
 	}
 	SPI_finish();
@@ -323,6 +338,23 @@ shard_rel(KeysShard *s)
 	return &s->rel;
 }
 
+/*
+ * Raises 55000 unless the scope column of rel, this node's idempotency.keys,
+ * has the type and collation Citus distributes the records by (the map's):
+ * else Citus and the extension would read the scope as different types.
+ */
+static void
+check_scope_type(const IdemKeysRel *rel)
+{
+	if (rel->scope.type != map.scope_type || rel->scope.collation != map.scope_collation)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("column \"scope\" of idempotency.keys on this node does not have the type its records are distributed by"),
+				 errdetail("It is %s; Citus distributes the records by %s.",
+						   format_type_be(rel->scope.type), format_type_be(map.scope_type)),
+				 errhint("Run idempotency.citus_distribute() on the coordinator again: it gives every node's table the tenant's type.")));
+}
+
 /* Raises 22004 for a call without a scope, which Citus cannot route. */
 static void
 null_scope_error(void)
@@ -359,6 +391,7 @@ idem_citus_locate(IdemCall *call, const char *function, text *scope, bool scope_
 		}
 		if (scope_omitted)
 			null_scope_error();
+		check_scope_type(&call->rel);
 		call->scope = idem_scope_value(&call->rel, scope);
 		s = map_find(&call->rel.scope, call->scope);
 		lock_placement(s, false);
@@ -520,6 +553,7 @@ scope_walker(Node *node, void *context)
 				continue;
 			if (((Const *) scope)->constisnull)
 				null_scope_error();
+			check_scope_type(keys);
 			if (!keys->scope.is_text &&
 				(((Const *) scope)->consttype == TEXTOID ||
 				 ((Const *) scope)->consttype == VARCHAROID))

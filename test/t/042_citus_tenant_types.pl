@@ -11,7 +11,9 @@
 # give one `new`; the token; complete commits and rolls back with the
 # business rows, IK001 aborts them; a NULL scope is 22004, never a crash;
 # an undelegated call is IK002; the records follow their tenant through a
-# shard move.
+# shard move.  For bigint, a node added later: its table gets the tenant's
+# type from the next citus_distribute (before that, a call there is refused
+# rather than hashed as text), and takes the tenant's shard.
 
 use strict;
 use warnings FATAL => 'all';
@@ -34,7 +36,7 @@ citus_skip_unless_installed();
 # 22P02 only).
 my @types = (
 	{
-		decl => 'bigint', type => 'bigint', full => 1,
+		decl => 'bigint', type => 'bigint', full => 1, add_node => 1,
 		ids => [ map { 1000 + $_ } 1 .. 4 ], bad => 'acct_1',
 		gen => 'g::bigint'
 	},
@@ -149,6 +151,7 @@ sub tenant_checks
 	}
 
 	full_checks($coord, $workers, $t) if $t->{full};
+	added_node_checks($coord, $workers, $t) if $t->{add_node};
 
 	ok(!grep({ citus_crashed($_) } ($coord, @$workers)), 'no backend crashed');
 	citus_stop($coord, $workers);
@@ -243,5 +246,46 @@ sub full_checks
 	is($cq->(qq{BEGIN; INSERT INTO charges (tenant, amount) VALUES ('$tenant', 30);
 			SELECT idempotency.complete('open', $open, 201, 'late', NULL, '$tenant'); COMMIT;}),
 		'stored', 'the claim made before the move completes after it, with its charge');
+	return;
+}
+
+# A node added to a cluster whose records have the tenant type bigint: Citus
+# creates the extension on it with a text scope unless it is there already,
+# and then refuses to add it (the colocation's types differ); prepared as
+# docs/citus.md says, it is added and takes the tenant's shard.  A node
+# whose table drifted from the tenant type refuses calls until
+# citus_distribute puts it back.
+sub added_node_checks
+{
+	my ($coord, $workers, $t) = @_;
+	my $tenant = $t->{ids}[1];
+	my $shard = citus_shard_of($coord, $tenant);
+	my $from = citus_worker_of($coord, $workers, $tenant);
+	my $scope_type = q{SELECT format_type(atttypid, NULL) FROM pg_attribute
+		WHERE attrelid = 'idempotency.keys'::regclass AND attname = 'scope'};
+	my $new = citus_add_worker($coord, 'bigint_worker3', '',
+		q{CREATE EXTENSION idempotency;
+		  ALTER TABLE idempotency.keys ALTER COLUMN scope TYPE bigint USING scope::bigint;});
+
+	push @$workers, $new;
+	$coord->safe_psql('postgres', q{SELECT idempotency.citus_distribute('charges')});
+	$new->safe_psql('postgres', q{BEGIN; SET LOCAL citus.enable_ddl_propagation = off;
+		ALTER TABLE idempotency.keys ALTER COLUMN scope TYPE text COLLATE "C"; COMMIT;});
+	is(idem_sqlstate($new, qq{SELECT * FROM idempotency.claim('k', '\\x01', '$tenant')}),
+		'55000', 'a node whose table\'s scope is not the tenant type refuses calls');
+	$coord->safe_psql('postgres', q{SELECT idempotency.citus_distribute('charges')});
+	is($new->safe_psql('postgres', $scope_type), 'bigint',
+		'citus_distribute gives it the tenant type again');
+	$coord->safe_psql('postgres',
+		sprintf(q{SELECT citus_move_shard_placement(%s, '127.0.0.1', %d, '127.0.0.1', %d)},
+			$shard, $from->port, $new->port));
+	is($coord->safe_psql('postgres', qq{SELECT outcome || ':' || encode(body, 'escape')
+			FROM idempotency.claim('pay', '\\x02', '$tenant')}),
+		'replay:charged', 'on the added node, a completed key replays');
+	is($coord->safe_psql('postgres',
+			qq{SELECT outcome FROM idempotency.claim('on-new', '\\x01', '$tenant')})
+		  . ':' . $new->safe_psql('postgres',
+			"SELECT count(*) FROM idempotency.keys_$shard WHERE key = 'on-new'"),
+		'new:1', 'and a new claim is written there');
 	return;
 }

@@ -59,13 +59,15 @@ sub citus_cluster
 }
 
 # Creates and starts another worker, as configured as the others, and adds
-# it to the cluster (Citus creates the extension there); returns it.
+# it to the cluster (Citus creates the extension there unless $prepare, SQL
+# run on it before, did); returns it.
 sub citus_add_worker
 {
-	my ($coord, $name, $extra_conf) = @_;
+	my ($coord, $name, $extra_conf, $prepare) = @_;
 	my $worker = _citus_node($name, $extra_conf // '');
 
 	$worker->safe_psql('postgres', 'CREATE EXTENSION citus');
+	$worker->safe_psql('postgres', $prepare) if defined $prepare;
 	$coord->safe_psql('postgres',
 		"SELECT citus_add_node('127.0.0.1', " . $worker->port . ')');
 	return $worker;
