@@ -76,7 +76,11 @@ idem_arg_key(FunctionCallInfo fcinfo, int argno)
 	return key;
 }
 
-/* Returns the scope argument, or the setting idempotency.scope when NULL. */
+/*
+ * Returns the scope argument, or the setting idempotency.scope when NULL.
+ * With Citus, the argument can be an untyped literal, a C string, when the
+ * records' scope has a tenant type other than text (citus.c).
+ */
 text *
 idem_arg_scope(FunctionCallInfo fcinfo, int argno)
 {
@@ -85,6 +89,8 @@ idem_arg_scope(FunctionCallInfo fcinfo, int argno)
 
 	if (PG_ARGISNULL(argno))
 		scope = cstring_to_text(idem_scope ? idem_scope : "");
+	else if (get_fn_expr_argtype(fcinfo->flinfo, argno) == UNKNOWNOID)
+		scope = cstring_to_text(PG_GETARG_CSTRING(argno));
 	else
 		scope = PG_GETARG_TEXT_PP(argno);
 	len = VARSIZE_ANY_EXHDR(scope);

@@ -24,6 +24,7 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/syscache.h"
+#include "utils/typcache.h"
 
 #include "catalog.h"
 #include "compat.h"
@@ -122,6 +123,42 @@ check_column_type(Relation rel, const char *name, IdemKeysColumn col, AttrNumber
 }
 
 /*
+ * Describes the scope column of rel (named name), number attnum, into out.
+ * Besides the extension's text COLLATE "C", it may have the type of a Citus
+ * tenant column, which citus_distribute gives it (text or varchar of any
+ * collation, bigint, integer, uuid); anything else is 42804.
+ */
+static void
+describe_scope(Relation rel, const char *name, AttrNumber attnum, IdemScopeType *out)
+{
+	Form_pg_attribute attr = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
+	TypeCacheEntry *tc;
+
+	switch (attr->atttypid)
+	{
+		case TEXTOID:
+		case VARCHAROID:
+		case INT8OID:
+		case INT4OID:
+		case UUIDOID:
+			if (attr->atttypmod == -1)
+				break;
+			/* FALLTHROUGH */
+		default:
+			/* The message names text COLLATE "C", the type the extension gives it. */
+			check_column_type(rel, name, IDEM_COL_SCOPE, attnum);
+	}
+	out->type = attr->atttypid;
+	out->collation = attr->attcollation;
+	out->is_text = (out->type == TEXTOID || out->type == VARCHAROID);
+	tc = lookup_type_cache(out->type, TYPECACHE_EQ_OPR);
+	if (!OidIsValid(tc->eq_opr))
+		elog(ERROR, "type %s has no default equality operator", format_type_be(out->type));
+	out->eq = get_opcode(tc->eq_opr);
+	getTypeInputInfo(out->type, &out->input, &out->ioparam);
+}
+
+/*
  * Describes a relation that holds records (idempotency.keys or a shard of
  * it): its OID, its name for SQL, and the numbers of its columns (token's
  * InvalidAttrNumber on a table of version 1.1).
@@ -140,9 +177,25 @@ idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
 		out->att[i] = attnameAttNum(rel, column_names[i], false);
 		if (out->att[i] == InvalidAttrNumber && i != IDEM_COL_TOKEN)
 			elog(ERROR, "column \"%s\" of %s does not exist", column_names[i], name);
-		if (out->att[i] != InvalidAttrNumber)
+		if (i == IDEM_COL_SCOPE)
+			describe_scope(rel, name, out->att[i], &out->scope);
+		else if (out->att[i] != InvalidAttrNumber)
 			check_column_type(rel, name, (IdemKeysColumn) i, out->att[i]);
 	}
+}
+
+/*
+ * Returns scope as a value of rel's scope column: the text itself for text
+ * and varchar, else the value the type's input function reads from it,
+ * which raises 22P02, naming the type, when it is not one.
+ */
+Datum
+idem_scope_value(const IdemKeysRel *rel, text *scope)
+{
+	if (rel->scope.is_text)
+		return PointerGetDatum(scope);
+	return OidInputFunctionCall(rel->scope.input, text_to_cstring(scope),
+								rel->scope.ioparam, -1);
 }
 
 /* Returns the enum value of label in type enumtype; raises when it is missing. */

@@ -39,6 +39,22 @@ typedef enum IdemKeysColumn
 /* Whether an IdemKeysRel has claim's token column (1.2). */
 #define IDEM_HAS_TOKEN(rel) ((rel)->att[IDEM_COL_TOKEN] != InvalidAttrNumber)
 
+/*
+ * The type of the scope column: text COLLATE "C" as the extension makes it,
+ * or, where Citus colocates the records with a business table
+ * (citus_distribute), the type and collation of that table's tenant column
+ * (bigint, integer, uuid, text or varchar of any collation).
+ */
+typedef struct IdemScopeType
+{
+	Oid			type;
+	Oid			collation;		/* InvalidOid for a type without collation */
+	bool		is_text;		/* text or varchar: the scope's text is the value */
+	RegProcedure eq;			/* the equality of its default btree operator class */
+	Oid			input;			/* its input function and its argument, for the others */
+	Oid			ioparam;
+} IdemScopeType;
+
 /* Room for a qualified, quoted relation name. */
 #define IDEM_REL_NAME_SIZE (2 * NAMEDATALEN + 8)
 
@@ -51,6 +67,7 @@ typedef struct IdemKeysRel
 	Oid			relid;
 	char		name[IDEM_REL_NAME_SIZE];	/* qualified and quoted, for the SPI plans */
 	AttrNumber	att[IDEM_NUM_COLS];
+	IdemScopeType scope;		/* the type of its scope column */
 } IdemKeysRel;
 
 /*
@@ -71,5 +88,6 @@ typedef struct IdemKeysCatalog
 
 extern const IdemKeysCatalog *idem_keys_catalog(void);
 extern void idem_keys_rel_describe(Relation rel, IdemKeysRel *out);
+extern Datum idem_scope_value(const IdemKeysRel *rel, text *scope);
 
 #endif							/* IDEMPOTENCY_CATALOG_H */

@@ -3,7 +3,8 @@
  *	  idempotency.keys distributed by scope with Citus: which relation holds
  *	  a scope's records on this node, the fence floor after shards arrive,
  *	  the shards the reaper visits, and the guard that keeps a NULL scope
- *	  away from Citus's function delegation.
+ *	  away from Citus's function delegation and gives a constant scope the
+ *	  tenant's type.
  *
  * idempotency.citus_distribute() distributes idempotency.keys by scope and
  * makes Citus run each API call on the node that holds the scope's shard
@@ -19,7 +20,13 @@
  * Citus hashes a NULL distribution argument while planning a delegated call
  * and crashes; a create_upper_paths_hook, which sees the query after
  * defaults, constant folding, bound parameters and inlining, exactly as
- * Citus's planner then reads it, refuses a NULL scope first.
+ * Citus's planner then reads it, refuses a NULL scope first.  The records'
+ * scope has the type and collation of the tenant column they are colocated
+ * with (citus_distribute); Citus routes a call only by a value it can assign
+ * to that type, which text is not for bigint, integer or uuid: the same hook
+ * hands Citus the scope as an untyped literal (untyped_scope), and every
+ * call reads its text as a value of that type (idem_scope_value) to find its
+ * shard.
  *
  * What this rests on was tried and measured: docs/citus-notes.md.
  *-------------------------------------------------------------------------
@@ -32,10 +39,10 @@
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
@@ -48,6 +55,7 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 
 #include "citus.h"
 #include "idempotency.h"
@@ -62,7 +70,10 @@
  */
 #define CITUS_COLOCATED_SHARDS_LOCK_CLASS 8
 
-/* The shards of idempotency.keys, their hash ranges, and whether this node holds them. */
+/*
+ * The shards of idempotency.keys, their hash ranges, whether this node holds
+ * them, and the distribution column (a Var, as Citus writes it).
+ */
 #define SHARDS_SQL \
 	"SELECT s.shardid, s.shardminvalue::pg_catalog.int4, s.shardmaxvalue::pg_catalog.int4," \
 	" p.colocationid, EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl," \
@@ -70,7 +81,7 @@
 	" AND pl.groupid OPERATOR(pg_catalog.=) g.groupid)," \
 	" COALESCE(p.partmethod OPERATOR(pg_catalog.=) 'h'::pg_catalog.\"char\"" \
 	" AND pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)" \
-	" OPERATOR(pg_catalog.=) 'scope', false)" \
+	" OPERATOR(pg_catalog.=) 'scope', false), p.partkey" \
 	" FROM pg_catalog.pg_dist_partition p JOIN pg_catalog.pg_dist_shard s" \
 	" ON s.logicalrelid OPERATOR(pg_catalog.=) p.logicalrelid" \
 	" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1" \
@@ -100,6 +111,8 @@ static struct
 	bool		distributed;
 	bool		floored;		/* the fence floor was set since it was loaded */
 	uint32		colocationid;
+	Oid			scope_type;		/* the type and collation Citus hashes scopes as */
+	Oid			scope_collation;
 	int			nshards;
 	KeysShard  *shards;
 } map;
@@ -190,6 +203,16 @@ map_read_shards(Oid keys_relid)
 		s->min = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
 		s->max = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
 		map.colocationid = DatumGetUInt32(SPI_getbinval(tup, desc, 4, &isnull));
+		if (i == 0)
+		{
+			Node	   *partkey = stringToNode(TextDatumGetCString(SPI_getbinval(tup, desc, 7,
+																					&isnull)));
+
+			if (!IsA(partkey, Var))
+				elog(ERROR, "the distribution column of idempotency.keys is not a column");
+			map.scope_type = ((Var *) partkey)->vartype;
+			map.scope_collation = ((Var *) partkey)->varcollid;
+		}
 		s->local = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
 	}
 	SPI_finish();
@@ -237,15 +260,22 @@ keys_distributed(Oid keys_relid)
 	return map.distributed;
 }
 
-/* Returns the shard whose hash range holds scope: Citus hashes text as hashtext does. */
+/*
+ * Returns the shard whose hash range holds value, a value of scope type st:
+ * Citus hashes a distribution column's value with the hash function of its
+ * type's default hash operator class, in the column's collation.
+ */
 static KeysShard *
-map_find(text *scope)
+map_find(const IdemScopeType *st, Datum value)
 {
-	int32		h = DatumGetInt32(hash_any((const unsigned char *) VARDATA_ANY(scope),
-										   VARSIZE_ANY_EXHDR(scope)));
+	TypeCacheEntry *tc = lookup_type_cache(st->type, TYPECACHE_HASH_PROC_FINFO);
+	int32		h;
 	int			lo = 0;
 	int			hi = map.nshards - 1;
 
+	if (!OidIsValid(tc->hash_proc_finfo.fn_oid))
+		elog(ERROR, "type %s has no default hash function", format_type_be(st->type));
+	h = DatumGetInt32(FunctionCall1Coll(&tc->hash_proc_finfo, st->collation, value));
 	while (lo <= hi)
 	{
 		int			mid = lo + (hi - lo) / 2;
@@ -308,6 +338,23 @@ shard_rel(KeysShard *s)
 	return &s->rel;
 }
 
+/*
+ * Raises 55000 unless the scope column of rel, this node's idempotency.keys,
+ * has the type and collation Citus distributes the records by (the map's):
+ * else Citus and the extension would read the scope as different types.
+ */
+static void
+check_scope_type(const IdemKeysRel *rel)
+{
+	if (rel->scope.type != map.scope_type || rel->scope.collation != map.scope_collation)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("column \"scope\" of idempotency.keys on this node does not have the type its records are distributed by"),
+				 errdetail("It is %s; Citus distributes the records by %s.",
+						   format_type_be(rel->scope.type), format_type_be(map.scope_type)),
+				 errhint("Run idempotency.citus_distribute() on the coordinator again: it gives every node's table the tenant's type.")));
+}
+
 /* Raises 22004 for a call without a scope, which Citus cannot route. */
 static void
 null_scope_error(void)
@@ -323,21 +370,30 @@ null_scope_error(void)
  * Makes the call work on the relation that holds scope's records on this
  * node: idempotency.keys itself when it is not distributed (the call's
  * relation already), else the scope's local shard, whose placement lock it
- * holds until the end of the transaction.  Raises IK002 when another node
- * holds that shard, and 22004 when the scope argument was omitted (NULL).
+ * holds until the end of the transaction; and sets the call's scope value,
+ * of that relation's scope type.  Raises IK002 when another node holds that
+ * shard, 22004 when the scope argument was omitted (NULL), and 22P02 when
+ * the scope is not a value of the tenant's type.
  */
 void
 idem_citus_locate(IdemCall *call, const char *function, text *scope, bool scope_omitted)
 {
 	KeysShard  *s;
+	Oid			scope_type = call->rel.scope.type;
 
 	for (;;)
 	{
+		/* 22P02, before anything is read or written, for a scope of another type. */
 		if (!keys_distributed(call->rel.relid))
+		{
+			call->scope = idem_scope_value(&call->rel, scope);
 			return;
+		}
 		if (scope_omitted)
 			null_scope_error();
-		s = map_find(scope);
+		check_scope_type(&call->rel);
+		call->scope = idem_scope_value(&call->rel, scope);
+		s = map_find(&call->rel.scope, call->scope);
 		lock_placement(s, false);
 		/* A move that committed while we waited for the lock has invalidated the map. */
 		AcceptInvalidationMessages();
@@ -353,6 +409,9 @@ idem_citus_locate(IdemCall *call, const char *function, text *scope, bool scope_
 						   (long long) s->shardid),
 				 errhint("Call it on its own (SELECT * FROM idempotency.claim(...) or SELECT idempotency.complete(...)) with a constant scope, so that Citus delegates it.")));
 	call->rel = *shard_rel(s);
+	/* A shard made before its table's scope had the tenant's type (not by the extension). */
+	if (call->rel.scope.type != scope_type)
+		call->scope = idem_scope_value(&call->rel, scope);
 }
 
 /*
@@ -443,9 +502,33 @@ api_oids_load(void)
 	api_oids_valid = true;
 }
 
-/* Raises 22004 for a call of an API function whose scope is a NULL constant, when keys is distributed. */
+/*
+ * Returns the scope constant c (text or varchar) as Citus can route it when
+ * the records' scope has a tenant type that text cannot be assigned to
+ * (bigint, integer, uuid): an untyped literal, which Citus reads as a value
+ * of that type (in a transaction block it routes a call only by a constant,
+ * so a cast would not do), and which it sends to the worker unlabelled,
+ * where it is text again.  Executed where it is (a call Citus did not
+ * delegate), the function receives a C string: idem_arg_scope reads it.
+ * Raises 22P02, naming the type, when the scope is not a value of it.
+ */
+static Node *
+untyped_scope(Const *c, const IdemKeysRel *keys)
+{
+	text	   *scope = DatumGetTextPP(c->constvalue);
+
+	(void) idem_scope_value(keys, scope);
+	return (Node *) makeConst(UNKNOWNOID, -1, InvalidOid, -2,
+							  CStringGetDatum(text_to_cstring(scope)), false, false);
+}
+
+/*
+ * For each call of an API function, when keys is distributed: raises 22004
+ * when its scope is a NULL constant, and gives a constant scope the tenant's
+ * type (untyped_scope) where the scope column has a type other than text.
+ */
 static bool
-null_scope_walker(Node *node, void *context)
+scope_walker(Node *node, void *context)
 {
 	if (node == NULL)
 		return false;
@@ -455,24 +538,36 @@ null_scope_walker(Node *node, void *context)
 
 		for (int i = 0; i < NUM_API_FUNCTIONS; i++)
 		{
+			const IdemKeysRel *keys;
+			ListCell   *arg;
 			Node	   *scope;
 
 			if (f->funcid != api_oids[i] || list_length(f->args) <= api_functions[i].scope_argno)
 				continue;
-			scope = strip_implicit_coercions(list_nth(f->args, api_functions[i].scope_argno));
-			if (IsA(scope, Const) && ((Const *) scope)->constisnull &&
-				keys_distributed(idem_keys_catalog()->keys.relid))
+			arg = list_nth_cell(f->args, api_functions[i].scope_argno);
+			scope = strip_implicit_coercions(lfirst(arg));
+			if (!IsA(scope, Const))
+				continue;
+			keys = &idem_keys_catalog()->keys;
+			if (!keys_distributed(keys->relid))
+				continue;
+			if (((Const *) scope)->constisnull)
 				null_scope_error();
+			check_scope_type(keys);
+			if (!keys->scope.is_text &&
+				(((Const *) scope)->consttype == TEXTOID ||
+				 ((Const *) scope)->consttype == VARCHAROID))
+				lfirst(arg) = untyped_scope((Const *) scope, keys);
 		}
 	}
-	return expression_tree_walker(node, null_scope_walker, context);
+	return expression_tree_walker(node, scope_walker, context);
 }
 
 /*
  * The guard: inside standard_planner, once defaults are inserted, constants
  * folded, custom-plan parameters bound and SQL functions inlined, and before
- * Citus's planner hashes the distribution argument of a delegated call,
- * refuses a NULL scope.
+ * Citus's planner reads the distribution argument of a delegated call,
+ * refuses a NULL scope and types a constant one (scope_walker).
  */
 static void
 null_scope_guard(PlannerInfo *root, UpperRelationKind stage, RelOptInfo *input_rel,
@@ -488,13 +583,13 @@ null_scope_guard(PlannerInfo *root, UpperRelationKind stage, RelOptInfo *input_r
 		api_oids_load();
 	if (!OidIsValid(api_oids[0]) && !OidIsValid(api_oids[1]))
 		return;					/* the extension is not installed in this database */
-	(void) null_scope_walker((Node *) root->parse->targetList, NULL);
+	(void) scope_walker((Node *) root->parse->targetList, NULL);
 	foreach(lc, root->parse->rtable)
 	{
 		RangeTblEntry *rte = lfirst_node(RangeTblEntry, lc);
 
 		if (rte->rtekind == RTE_FUNCTION)
-			(void) null_scope_walker((Node *) rte->functions, NULL);
+			(void) scope_walker((Node *) rte->functions, NULL);
 	}
 }
 

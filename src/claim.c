@@ -205,9 +205,9 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 		case STEP_INSERT:
 		case STEP_RESET:
 			if (!(step == STEP_INSERT ?
-				  idem_keys_insert(call, a->scope, a->key, a->fingerprint,
+				  idem_keys_insert(call, a->key, a->fingerprint,
 								   a->lease, a->retention, a->token, now, &fence) :
-				  idem_keys_reset(call, a->scope, a->key, a->fingerprint, rec->fence,
+				  idem_keys_reset(call, a->key, a->fingerprint, rec->fence,
 								  a->lease, a->retention, a->token, now, &fence)))
 				return false;
 			set_out(r, OUT_FENCE, Int64GetDatum(fence));
@@ -215,7 +215,7 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 			set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(now));
 			break;
 		case STEP_TAKEOVER:
-			if (!idem_keys_takeover(call, a->scope, a->key, rec->owner, rec->fence,
+			if (!idem_keys_takeover(call, a->key, rec->owner, rec->fence,
 									a->lease, a->token, now, &t))
 				return false;
 			set_out(r, OUT_FENCE, Int64GetDatum(t.fence));
@@ -236,7 +236,7 @@ write_claim(ClaimStep step, const ClaimArgs *a, IdemCall *call, const IdemRecord
 	won = GetCurrentTimestamp();
 	if (won - now > WRITE_DELAY_RESTAMP_US)
 	{
-		idem_keys_restamp(call, a->scope, a->key, owner, DatumGetInt64(r->values[OUT_FENCE]), won,
+		idem_keys_restamp(call, a->key, owner, DatumGetInt64(r->values[OUT_FENCE]), won,
 						  step == STEP_TAKEOVER ? NULL : a->retention);
 		if (step != STEP_TAKEOVER)
 			set_out(r, OUT_CREATED_AT, TimestampTzGetDatum(won));
@@ -269,7 +269,7 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 		r->takeover = false;
 		r->resumed = false;
 
-		found = idem_keys_fetch(call, a->scope, a->key, a->fingerprint, *now, &rec);
+		found = idem_keys_fetch(call, a->key, a->fingerprint, *now, &rec);
 		step = decide(&rec, found, a->token, call->caller, *now, r);
 
 		/*
@@ -290,7 +290,7 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 			/* No transaction was writing the record before this read: answer. */
 			if (resume_unwritten)
 				return;
-			writer = idem_keys_writer(call, a->scope, a->key);
+			writer = idem_keys_writer(call, a->key);
 			if (TransactionIdIsValid(writer) && !idem_wait_for_xact(writer, writer_timeout_ms))
 			{
 				/* The fence is only ever handed out with `new`. */
@@ -315,7 +315,7 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 		resume_unwritten = false;
 		if (writer_timeout_ms >= 0)
 		{
-			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
+			TransactionId writer = idem_keys_writer(call, a->key);
 
 			if (TransactionIdIsValid(writer))
 			{
@@ -348,7 +348,7 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 		insert_failed = (step == STEP_INSERT);
 		if (writer_timeout_ms < 0)
 		{
-			TransactionId writer = idem_keys_writer(call, a->scope, a->key);
+			TransactionId writer = idem_keys_writer(call, a->key);
 
 			if (TransactionIdIsValid(writer))
 				(void) idem_wait_for_xact(writer, -1);
@@ -461,7 +461,7 @@ claim_and_wait(const ClaimArgs *a, IdemCall *call, double wait_ms, TimestampTz *
 			prepared = true;
 			continue;
 		}
-		writer = idem_keys_writer(call, a->scope, a->key);
+		writer = idem_keys_writer(call, a->key);
 		if (TransactionIdIsValid(writer))
 		{
 			waited = true;

@@ -157,7 +157,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		7, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, TEXTOID, JSONBOID, TIMESTAMPTZOID}
 	},
 	[PLAN_LOOKUP] = {
-		"SELECT scope, key, fingerprint, state::pg_catalog.text, attempt, lease,"
+		"SELECT scope::pg_catalog.text, key, fingerprint, state::pg_catalog.text, attempt, lease,"
 		" lease_expires_at, recovery_point, recovery_state, status_code, headers,"
 		" body, created_at, completed_at, expires_at FROM ONLY idempotency.keys"
 		" WHERE " KEY_IS " AND " SEEN_BY("$3") " AND NOT (" EXPIRED_AT("$4") ")"
@@ -204,6 +204,7 @@ typedef struct PlanSet
 {
 	char		name[IDEM_REL_NAME_SIZE];	/* hash key */
 	bool		has_token;		/* whether the plans set the token */
+	Oid			scope_type;		/* the type of their scope parameter, $1 */
 	SPIPlanPtr	plans[NUM_PLANS];
 } PlanSet;
 
@@ -293,24 +294,36 @@ plan_for(PlanId id, const IdemKeysRel *rel)
 		if (!found)
 		{
 			memset(set->plans, 0, sizeof(set->plans));
-			set->has_token = false;
+			set->has_token = IDEM_HAS_TOKEN(rel);
+			set->scope_type = rel->scope.type;
 		}
 		last_plan_set = set;
 	}
-	/* ALTER EXTENSION UPDATE made the table again, with the token column. */
-	if (set->has_token != IDEM_HAS_TOKEN(rel))
+	/*
+	 * ALTER EXTENSION UPDATE made the table again, with the token column, or
+	 * citus_distribute gave the scope a tenant's type.
+	 */
+	if (set->has_token != IDEM_HAS_TOKEN(rel) || set->scope_type != rel->scope.type)
 	{
 		for (int i = 0; i < NUM_PLANS; i++)
 			if (set->plans[i])
 				SPI_freeplan(set->plans[i]);
 		memset(set->plans, 0, sizeof(set->plans));
-		set->has_token = !set->has_token;
+		set->has_token = IDEM_HAS_TOKEN(rel);
+		set->scope_type = rel->scope.type;
 	}
 	if (set->plans[id] == NULL)
 	{
 		const PlanDef *def = &plan_defs[id];
 		char	   *sql = plan_sql(def->sql, rel);
-		SPIPlanPtr	plan = SPI_prepare(sql, def->nargs, (Oid *) def->argtypes);
+		Oid			argtypes[lengthof(def->argtypes)];
+		SPIPlanPtr	plan;
+
+		/* Every plan but the reaper's takes the scope as $1, in the column's type. */
+		memcpy(argtypes, def->argtypes, sizeof(argtypes));
+		if (id != PLAN_REAP)
+			argtypes[0] = rel->scope.type;
+		plan = SPI_prepare(sql, def->nargs, argtypes);
 
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
@@ -389,12 +402,12 @@ idempotency_expiry_second(PG_FUNCTION_ARGS)
  * still that record and expired, and the new fence.
  */
 bool
-idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint, int64 old_fence,
+idem_keys_reset(IdemCall *call, text *key, bytea *fingerprint, int64 old_fence,
 				Interval *lease, Interval *retention, const pg_uuid_t *token,
 				TimestampTz now, int64 *fence)
 {
 	int64		new_fence = idem_keys_next_fence(old_fence + 1);
-	Datum		values[10] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[10] = {call->scope, PointerGetDatum(key),
 		ObjectIdGetDatum(call->caller), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
 		IntervalPGetDatum(retention), TimestampTzGetDatum(now), Int64GetDatum(old_fence),
 	Int64GetDatum(new_fence), UUIDPGetDatum(token)};
@@ -412,12 +425,12 @@ idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint, int6
  * one more attempt, the recovery point kept.  Returns whether it did.
  */
 bool
-idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
+idem_keys_takeover(IdemCall *call, text *key, Oid owner, int64 fence,
 				   Interval *lease, const pg_uuid_t *token, TimestampTz now,
 				   IdemTakeover *result)
 {
 	int64		new_fence = idem_keys_next_fence(fence + 1);
-	Datum		values[8] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[8] = {call->scope, PointerGetDatum(key),
 		ObjectIdGetDatum(owner), Int64GetDatum(fence), IntervalPGetDatum(lease),
 	TimestampTzGetDatum(now), Int64GetDatum(new_fence), UUIDPGetDatum(token)};
 	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', token ? ' ' : 'n'};
@@ -439,10 +452,10 @@ idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner, int64 fenc
  * waiting by another transaction, so that its lease starts when it won.
  */
 void
-idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
+idem_keys_restamp(IdemCall *call, text *key, Oid owner, int64 fence,
 				  TimestampTz now, Interval *retention)
 {
-	Datum		values[6] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[6] = {call->scope, PointerGetDatum(key),
 		ObjectIdGetDatum(owner), Int64GetDatum(fence), TimestampTzGetDatum(now),
 	PointerGetDatum(retention)};
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', retention ? ' ' : 'n'};
@@ -454,9 +467,9 @@ idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence
 
 /* Deletes the claim if this fence owns it and the caller sees it. */
 bool
-idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence)
+idem_keys_release(IdemCall *call, text *key, int64 fence)
 {
-	Datum		values[4] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[4] = {call->scope, PointerGetDatum(key),
 	Int64GetDatum(fence), ObjectIdGetDatum(call->caller)};
 
 	return run_plan(PLAN_RELEASE, call, values, NULL, false) == 1;
@@ -467,10 +480,10 @@ idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence)
  * shortening it; sets *ends to its end.  False when the fence lost the claim.
  */
 bool
-idem_keys_extend(IdemCall *call, text *scope, text *key, int64 fence, Interval *lease,
+idem_keys_extend(IdemCall *call, text *key, int64 fence, Interval *lease,
 				 TimestampTz now, TimestampTz *ends)
 {
-	Datum		values[6] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[6] = {call->scope, PointerGetDatum(key),
 		Int64GetDatum(fence), ObjectIdGetDatum(call->caller), PointerGetDatum(lease),
 	TimestampTzGetDatum(now)};
 	char		nulls[6] = {' ', ' ', ' ', ' ', lease ? ' ' : 'n', ' '};
@@ -484,10 +497,10 @@ idem_keys_extend(IdemCall *call, text *scope, text *key, int64 fence, Interval *
 
 /* Saves a recovery point and renews the lease; false when the fence lost the claim. */
 bool
-idem_keys_checkpoint(IdemCall *call, text *scope, text *key, int64 fence,
+idem_keys_checkpoint(IdemCall *call, text *key, int64 fence,
 					 text *recovery_point, Jsonb *recovery_state, TimestampTz now)
 {
-	Datum		values[7] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[7] = {call->scope, PointerGetDatum(key),
 		Int64GetDatum(fence), ObjectIdGetDatum(call->caller), PointerGetDatum(recovery_point),
 	PointerGetDatum(recovery_state), TimestampTzGetDatum(now)};
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', recovery_state ? ' ' : 'n', ' '};
@@ -500,9 +513,9 @@ idem_keys_checkpoint(IdemCall *call, text *scope, text *key, int64 fence,
  * copied into the caller's memory; NULL when there is none or it expired.
  */
 HeapTuple
-idem_keys_lookup(IdemCall *call, text *scope, text *key, TimestampTz now)
+idem_keys_lookup(IdemCall *call, text *key, TimestampTz now)
 {
-	Datum		values[4] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[4] = {call->scope, PointerGetDatum(key),
 	ObjectIdGetDatum(call->caller), TimestampTzGetDatum(now)};
 	MemoryContext old;
 	HeapTuple	tuple;
@@ -538,13 +551,13 @@ idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
  * insert stores it.
  */
 bool
-idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+idem_keys_insert_sql(IdemCall *call, text *key, bytea *fingerprint,
 					 Interval *lease, TimestampTz now, TimestampTz expires_at,
 					 TimestampTz lease_expires_at, const pg_uuid_t *token, bool any_arbiter,
 					 int64 *fence)
 {
 	int64		new_fence = idem_keys_next_fence(0);
-	Datum		values[10] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[10] = {call->scope, PointerGetDatum(key),
 		ObjectIdGetDatum(call->caller), PointerGetDatum(fingerprint), IntervalPGetDatum(lease),
 		TimestampTzGetDatum(now), TimestampTzGetDatum(expires_at),
 		TimestampTzGetDatum(lease_expires_at), Int64GetDatum(new_fence),
@@ -560,10 +573,10 @@ idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 
 /* idem_keys_complete through the executor (see idem_keys_insert_sql). */
 bool
-idem_keys_complete_sql(IdemCall *call, text *scope, text *key, int64 fence, int32 status_code,
+idem_keys_complete_sql(IdemCall *call, text *key, int64 fence, int32 status_code,
 					   Jsonb *headers, bytea *body, TimestampTz now)
 {
-	Datum		values[8] = {PointerGetDatum(scope), PointerGetDatum(key),
+	Datum		values[8] = {call->scope, PointerGetDatum(key),
 		Int64GetDatum(fence), ObjectIdGetDatum(call->caller), Int32GetDatum(status_code),
 	PointerGetDatum(headers), PointerGetDatum(body), TimestampTzGetDatum(now)};
 	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', headers ? ' ' : 'n', body ? ' ' : 'n', ' '};

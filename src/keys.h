@@ -28,6 +28,7 @@ typedef struct IdemCall
 {
 	Oid			caller;			/* the role that called: its records are its own */
 	IdemKeysRel rel;			/* idempotency.keys, unless citus.c chose a shard */
+	Datum		scope;			/* the scope, as a value of rel's scope column */
 	IdemOwnerSave owner_save;	/* the caller's user, context and settings */
 	MemoryContext caller_cxt;	/* where results for the caller are copied */
 } IdemCall;
@@ -74,28 +75,28 @@ extern void idem_call_end(IdemCall *call);
 
 extern struct varlena *idem_varlena_copy(Datum value, bool isnull, MemoryContext cxt);
 
-extern bool idem_keys_reset(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+extern bool idem_keys_reset(IdemCall *call, text *key, bytea *fingerprint,
 							int64 old_fence, Interval *lease, Interval *retention,
 							const pg_uuid_t *token, TimestampTz now, int64 *fence);
-extern bool idem_keys_takeover(IdemCall *call, text *scope, text *key, Oid owner,
+extern bool idem_keys_takeover(IdemCall *call, text *key, Oid owner,
 							   int64 fence, Interval *lease, const pg_uuid_t *token,
 							   TimestampTz now, IdemTakeover *result);
-extern void idem_keys_restamp(IdemCall *call, text *scope, text *key, Oid owner, int64 fence,
+extern void idem_keys_restamp(IdemCall *call, text *key, Oid owner, int64 fence,
 							  TimestampTz now, Interval *retention);
 
-extern bool idem_keys_release(IdemCall *call, text *scope, text *key, int64 fence);
-extern bool idem_keys_extend(IdemCall *call, text *scope, text *key, int64 fence,
+extern bool idem_keys_release(IdemCall *call, text *key, int64 fence);
+extern bool idem_keys_extend(IdemCall *call, text *key, int64 fence,
 							 Interval *lease, TimestampTz now, TimestampTz *ends);
-extern bool idem_keys_checkpoint(IdemCall *call, text *scope, text *key, int64 fence,
+extern bool idem_keys_checkpoint(IdemCall *call, text *key, int64 fence,
 								 text *recovery_point, Jsonb *recovery_state,
 								 TimestampTz now);
-extern HeapTuple idem_keys_lookup(IdemCall *call, text *scope, text *key, TimestampTz now);
+extern HeapTuple idem_keys_lookup(IdemCall *call, text *key, TimestampTz now);
 extern uint64 idem_keys_reap(IdemCall *call, int batch, TimestampTz now);
-extern bool idem_keys_insert_sql(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+extern bool idem_keys_insert_sql(IdemCall *call, text *key, bytea *fingerprint,
 								 Interval *lease, TimestampTz now, TimestampTz expires_at,
 								 TimestampTz lease_expires_at, const pg_uuid_t *token,
 								 bool any_arbiter, int64 *fence);
-extern bool idem_keys_complete_sql(IdemCall *call, text *scope, text *key, int64 fence,
+extern bool idem_keys_complete_sql(IdemCall *call, text *key, int64 fence,
 								   int32 status_code, Jsonb *headers, bytea *body,
 								   TimestampTz now);
 

@@ -453,10 +453,12 @@ keys_close(KeysRel *k)
 	pfree(k->arbiter);
 }
 
-/* Starts an index scan of the primary key for the records of (scope, key). */
+/* Starts an index scan of the primary key for the records of the call's (scope, key). */
 static IndexScanDesc
-begin_key_scan(Relation rel, Relation pk, Snapshot snapshot, text *scope, text *key)
+begin_key_scan(Relation rel, Relation pk, Snapshot snapshot, const IdemCall *call, text *key)
 {
+	const IdemScopeType *st = &call->rel.scope;
+
 	ScanKeyData skey[2];
 	IndexScanDesc scan;
 
@@ -464,7 +466,7 @@ begin_key_scan(Relation rel, Relation pk, Snapshot snapshot, text *scope, text *
 	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
 						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(key));
 	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(scope));
+						   st->collation, st->eq, call->scope);
 	scan = index_beginscan(rel, pk, snapshot, 2, 0);
 	index_rescan(scan, skey, 2, NULL, 0);
 	return scan;
@@ -630,7 +632,7 @@ changed_since_snapshot(Relation rel, TupleTableSlot *slot)
  * the snapshot (claim then fails rather than answer from the past).
  */
 bool
-idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
+idem_keys_fetch(IdemCall *call, text *key, bytea *fingerprint,
 				TimestampTz now, IdemRecord *rec)
 {
 	Relation	rel;
@@ -653,7 +655,7 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
 	(void) facts_of(call, rel);
 	refuse_owner_rls(call, rel);
 	slot = table_slot_create(rel, NULL);
-	scan = begin_key_scan(rel, pk, snapshot, scope, key);
+	scan = begin_key_scan(rel, pk, snapshot, call, key);
 
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
@@ -696,7 +698,7 @@ idem_keys_fetch(IdemCall *call, text *scope, text *key, bytea *fingerprint,
  * A dirty read through the primary key.
  */
 TransactionId
-idem_keys_writer(IdemCall *call, text *scope, text *key)
+idem_keys_writer(IdemCall *call, text *key)
 {
 	SnapshotData dirty;
 	Relation	rel;
@@ -709,7 +711,7 @@ idem_keys_writer(IdemCall *call, text *scope, text *key)
 	rel = table_open(call->rel.relid, RowExclusiveLock);
 	pk = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
 	slot = table_slot_create(rel, NULL);
-	scan = begin_key_scan(rel, pk, &dirty, scope, key);
+	scan = begin_key_scan(rel, pk, &dirty, call, key);
 	while (!TransactionIdIsValid(writer) &&
 		   index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
@@ -771,7 +773,7 @@ insert_index_entries(KeysRel *k, TupleTableSlot *slot, bool speculative, bool su
  * (the caller reads again, after waiting for it).
  */
 bool
-idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Interval *lease,
+idem_keys_insert(IdemCall *call, text *key, bytea *fingerprint, Interval *lease,
 				 Interval *retention, const pg_uuid_t *token, TimestampTz now, int64 *fence)
 {
 	const IdemKeysCatalog *c = idem_keys_catalog();
@@ -790,7 +792,7 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 		bool		only_arbiters = k.only_arbiters;
 
 		keys_close(&k);
-		return idem_keys_insert_sql(call, scope, key, fingerprint, lease, now,
+		return idem_keys_insert_sql(call, key, fingerprint, lease, now,
 									idem_interval_end(now, retention),
 									idem_interval_end(now, lease), token, only_arbiters,
 									fence);
@@ -809,7 +811,7 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
 	SET_COL(IDEM_COL_ATTEMPT, Int32GetDatum(1));
 	SET_COL(IDEM_COL_STATE, ObjectIdGetDatum(c->in_progress_label));
 	SET_COL(IDEM_COL_OWNER, ObjectIdGetDatum(call->caller));
-	SET_COL(IDEM_COL_SCOPE, PointerGetDatum(scope));
+	SET_COL(IDEM_COL_SCOPE, call->scope);
 	SET_COL(IDEM_COL_KEY, PointerGetDatum(key));
 	SET_COL(IDEM_COL_FINGERPRINT, PointerGetDatum(fingerprint));
 	if (token && IDEM_HAS_TOKEN(&call->rel))
@@ -837,12 +839,12 @@ idem_keys_insert(IdemCall *call, text *scope, text *key, bytea *fingerprint, Int
  * slot.  An expired record counts as gone, as it does for claim and reap.
  */
 static bool
-find_claim(KeysRel *k, Snapshot snapshot, IdemCall *call, text *scope, text *key,
+find_claim(KeysRel *k, Snapshot snapshot, IdemCall *call, text *key,
 		   int64 fence, TimestampTz now, TupleTableSlot *slot)
 {
 	const IdemKeysCatalog *c = idem_keys_catalog();
 	Relation	pk = index_open(RelationGetPrimaryKeyIndex(k->rel), RowExclusiveLock);
-	IndexScanDesc scan = begin_key_scan(k->rel, pk, snapshot, scope, key);
+	IndexScanDesc scan = begin_key_scan(k->rel, pk, snapshot, call, key);
 	bool		found = false;
 
 	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
@@ -861,7 +863,7 @@ find_claim(KeysRel *k, Snapshot snapshot, IdemCall *call, text *scope, text *key
  * the record becomes completed; returns whether it did.
  */
 bool
-idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 status_code,
+idem_keys_complete(IdemCall *call, text *key, int64 fence, int32 status_code,
 				   Jsonb *headers, bytea *body, TimestampTz now)
 {
 	const IdemKeysCatalog *c = idem_keys_catalog();
@@ -879,7 +881,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 	if (!k.direct)
 	{
 		keys_close(&k);
-		return idem_keys_complete_sql(call, scope, key, fence, status_code, headers, body, now);
+		return idem_keys_complete_sql(call, key, fence, status_code, headers, body, now);
 	}
 	/* As an UPDATE: refused when a publication needs a replica identity the table lacks. */
 	CheckCmdReplicaIdentity(k.rel, CMD_UPDATE);
@@ -912,7 +914,7 @@ idem_keys_complete(IdemCall *call, text *scope, text *key, int64 fence, int32 st
 		HeapTuple	old_tuple;
 		bool		should_free;
 
-		if (!find_claim(&k, snapshot, call, scope, key, fence, now, old_slot))
+		if (!find_claim(&k, snapshot, call, key, fence, now, old_slot))
 		{
 			UnregisterSnapshot(snapshot);
 			break;

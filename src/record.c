@@ -123,9 +123,9 @@ idempotency_complete(PG_FUNCTION_ARGS)
 	idem_call_begin(&call);
 	idem_citus_locate(&call, "idempotency.complete()", scope, PG_ARGISNULL(5));
 	if (release)
-		owned = idem_keys_release(&call, scope, key, fence);
+		owned = idem_keys_release(&call, key, fence);
 	else
-		owned = idem_keys_complete(&call, scope, key, fence, status_code, headers, body,
+		owned = idem_keys_complete(&call, key, fence, status_code, headers, body,
 								   GetCurrentTimestamp());
 	idem_call_end(&call);
 
@@ -149,7 +149,7 @@ idempotency_release(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idempotency.release()");
 	idem_call_begin(&call);
 	idem_citus_locate(&call, "idempotency.release()", scope, PG_ARGISNULL(2));
-	released = idem_keys_release(&call, scope, key, fence);
+	released = idem_keys_release(&call, key, fence);
 	idem_call_end(&call);
 
 	if (released)
@@ -181,7 +181,7 @@ idempotency_extend(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idempotency.extend()");
 	idem_call_begin(&call);
 	idem_citus_locate(&call, "idempotency.extend()", scope, PG_ARGISNULL(3));
-	owned = idem_keys_extend(&call, scope, key, fence, lease, now, &ends);
+	owned = idem_keys_extend(&call, key, fence, lease, now, &ends);
 	idem_call_end(&call);
 
 	if (!owned)
@@ -214,7 +214,7 @@ idempotency_checkpoint(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idempotency.checkpoint()");
 	idem_call_begin(&call);
 	idem_citus_locate(&call, "idempotency.checkpoint()", scope, PG_ARGISNULL(4));
-	owned = idem_keys_checkpoint(&call, scope, key, fence, point, state, GetCurrentTimestamp());
+	owned = idem_keys_checkpoint(&call, key, fence, point, state, GetCurrentTimestamp());
 	idem_call_end(&call);
 
 	if (!owned)
@@ -254,7 +254,7 @@ idempotency_lookup(PG_FUNCTION_ARGS)
 
 	idem_call_begin(&call);
 	idem_citus_locate(&call, "idempotency.lookup()", scope, PG_ARGISNULL(1));
-	tuple = idem_keys_lookup(&call, scope, key, GetCurrentTimestamp());
+	tuple = idem_keys_lookup(&call, key, GetCurrentTimestamp());
 	idem_call_end(&call);
 	if (tuple)
 		tuplestore_puttuple(store, tuple);

@@ -34,12 +34,14 @@ sub citus_skip_unless_installed
 # ($coordinator, [$worker1, $worker2]).  Each listens on 127.0.0.1 (Citus
 # connects its nodes over TCP) besides the harness's Unix socket, and
 # preloads citus first, then the library.  %opts: worker_conf => text
-# appended to the workers' postgresql.conf.
+# appended to the workers' postgresql.conf; prefix => a prefix of the nodes'
+# names (for a test that makes more than one cluster).
 sub citus_cluster
 {
 	my (%opts) = @_;
-	my $coord = _citus_node('coordinator', '');
-	my @workers = map { _citus_node("worker$_", $opts{worker_conf} // '') } (1, 2);
+	my $prefix = $opts{prefix} // '';
+	my $coord = _citus_node("${prefix}coordinator", '');
+	my @workers = map { _citus_node("${prefix}worker$_", $opts{worker_conf} // '') } (1, 2);
 
 	foreach my $node ($coord, @workers)
 	{
@@ -57,13 +59,15 @@ sub citus_cluster
 }
 
 # Creates and starts another worker, as configured as the others, and adds
-# it to the cluster (Citus creates the extension there); returns it.
+# it to the cluster (Citus creates the extension there unless $prepare, SQL
+# run on it before, did); returns it.
 sub citus_add_worker
 {
-	my ($coord, $name, $extra_conf) = @_;
+	my ($coord, $name, $extra_conf, $prepare) = @_;
 	my $worker = _citus_node($name, $extra_conf // '');
 
 	$worker->safe_psql('postgres', 'CREATE EXTENSION citus');
+	$worker->safe_psql('postgres', $prepare) if defined $prepare;
 	$coord->safe_psql('postgres',
 		"SELECT citus_add_node('127.0.0.1', " . $worker->port . ')');
 	return $worker;

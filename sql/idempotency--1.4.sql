@@ -1,4 +1,4 @@
-/* idempotency--1.3.sql */
+/* idempotency--1.4.sql */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION idempotency" to load this file. \quit
@@ -251,7 +251,10 @@ COMMENT ON FUNCTION idempotency.stats_reset() IS
 -- hence enable_seqscan); rows_total is an estimate: the cumulative
 -- statistics' live rows, or pg_class.reltuples when those are empty (after
 -- a crash or a reset), never below the records in progress, as an exact
--- count would scan the table.
+-- count would scan the table.  Two one-row subqueries, joined: with Citus,
+-- where idempotency.keys is distributed, the count is a distributed query
+-- (of the cluster's records in progress); Citus plans no subquery in a
+-- select list.
 CREATE FUNCTION idempotency._stats_live(
 	OUT rows_total bigint,
 	OUT rows_in_progress bigint,
@@ -261,15 +264,15 @@ LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
 SET enable_seqscan TO off
 AS $$
-SELECT GREATEST(pg_catalog.count(*), (
-		SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
-					THEN pg_catalog.pg_stat_get_live_tuples(c.oid)
-					ELSE GREATEST(c.reltuples, 0)::bigint END
-		FROM pg_catalog.pg_class c
-		WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass)),
-	pg_catalog.count(*), pg_catalog.min(k.lease_expires_at)
-FROM ONLY idempotency.keys k
-WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state
+SELECT GREATEST(p.n, s.estimate), p.n, p.oldest
+FROM (SELECT pg_catalog.count(*) AS n, pg_catalog.min(k.lease_expires_at) AS oldest
+	  FROM ONLY idempotency.keys k
+	  WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state) p,
+	 (SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
+				  THEN pg_catalog.pg_stat_get_live_tuples(c.oid)
+				  ELSE GREATEST(c.reltuples, 0)::bigint END AS estimate
+	  FROM pg_catalog.pg_class c
+	  WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) s
 $$;
 COMMENT ON FUNCTION idempotency._stats_live() IS
 	'The live figures behind idempotency.stats, without a scan of the records';
@@ -298,14 +301,15 @@ COMMENT ON COLUMN idempotency.stats.oldest_lease_expires_at IS
 -- transaction that is still running holds the record (an uncommitted
 -- complete, checkpoint, extend or takeover, or a row lock), told by the
 -- row's xmax being the id of a transaction in pg_locks.  A function under
--- the view, so that the view does not pin the table's column types.
+-- the view, so that the view does not pin the table's column types (with
+-- Citus, scope has the tenant's type: citus_distribute).
 CREATE FUNCTION idempotency._in_flight()
 RETURNS TABLE (scope text, key text, owner name, attempt integer, claimed_at timestamptz,
 			   lease_expires_at timestamptz, recovery_point text, writing boolean)
 LANGUAGE sql VOLATILE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
 AS $$
-SELECT k.scope, k.key, pg_catalog.pg_get_userbyid(k.owner::pg_catalog.oid),
+SELECT k.scope::pg_catalog.text, k.key, pg_catalog.pg_get_userbyid(k.owner::pg_catalog.oid),
 	k.attempt, k.created_at, k.lease_expires_at, k.recovery_point,
 	k.xmax OPERATOR(pg_catalog.=) ANY (ARRAY(
 		SELECT l.transactionid FROM pg_catalog.pg_locks l
@@ -371,7 +375,8 @@ COMMENT ON FUNCTION idempotency._fence_at_least(bigint) IS
 REVOKE ALL ON FUNCTION idempotency._fence_at_least(bigint) FROM PUBLIC;
 
 -- Distributes the records beside the tenant's rows: idempotency.keys by
--- scope, colocated with colocate_with, and the API functions delegated by
+-- scope, which takes the type and collation of colocate_with's tenant
+-- column, colocated with colocate_with, and the API functions delegated by
 -- their scope argument, to the node that holds the scope's shard.  Run on
 -- the Citus coordinator after CREATE EXTENSION idempotency; running it again
 -- changes nothing (and puts back what someone changed).  Every check comes
@@ -394,6 +399,8 @@ DECLARE
 	tenant_column text;
 	tenant_type regtype;
 	tenant_collation oid;
+	tenant_decl text;
+	scope_alter text;
 	keys_colocation int;
 	table_colocation int;
 	misconfigured text;
@@ -443,9 +450,10 @@ BEGIN
 				  HINT = 'Set citus.enable_binary_protocol = off on every node and reload.';
 	END IF;
 
-	-- The business table: hash-distributed by a text column of the
-	-- collation of idempotency.keys.scope (Citus colocates only tables whose
-	-- distribution columns agree in type and collation).
+	-- The business table: hash-distributed.  The records take the type and
+	-- collation of its distribution column (Citus colocates only tables
+	-- whose distribution columns agree in both): their scope column gets
+	-- them, and the scope names the tenant, written as text.
 	SELECT a.attname, a.atttypid, a.attcollation
 	INTO tenant_column, tenant_type, tenant_collation
 	FROM pg_dist_partition p
@@ -459,19 +467,16 @@ BEGIN
 				  HINT = format('Distribute it by its tenant column first: SELECT create_distributed_table(%L, ''tenant'').',
 								colocate_with::text);
 	END IF;
-	IF tenant_type OPERATOR(pg_catalog.<>) 'text'::regtype
-	   OR tenant_collation OPERATOR(pg_catalog.<>) (
-		   SELECT attcollation FROM pg_attribute
-		   WHERE attrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::regclass
-			 AND attname OPERATOR(pg_catalog.=) 'scope') THEN
-		RAISE EXCEPTION 'table % is distributed by column "%" of type %, not text COLLATE "C"',
-			colocate_with, tenant_column,
-			format('%s%s', format_type(tenant_type, NULL),
-				   (SELECT format(' COLLATE %I', collname) FROM pg_collation
-					WHERE oid OPERATOR(pg_catalog.=) tenant_collation))
+	tenant_decl := format_type(tenant_type, NULL) OPERATOR(pg_catalog.||) coalesce(
+		(SELECT format(' COLLATE %I.%I', n.nspname, c.collname)
+		 FROM pg_collation c JOIN pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.collnamespace
+		 WHERE c.oid OPERATOR(pg_catalog.=) tenant_collation), '');
+	IF tenant_type OPERATOR(pg_catalog.<>) ALL (ARRAY['bigint', 'integer', 'uuid', 'text',
+			'character varying']::regtype[]) THEN
+		RAISE EXCEPTION 'table % is distributed by column "%" of type %, which the records cannot take',
+			colocate_with, tenant_column, tenant_decl
 			USING ERRCODE = 'datatype_mismatch',
-				  DETAIL = 'The records of a scope live beside the rows of the tenant of the same name: the scope is text in the C collation, and Citus colocates only distribution columns of the same type and collation.',
-				  HINT = 'Distribute the business tables by a column declared "text COLLATE \"C\"" that holds the scope.';
+				  DETAIL = 'The records take the type and collation of the tenant column, which must be bigint, integer, uuid, text or varchar.';
 	END IF;
 
 	-- One placement per shard: Citus delegates no call to a replicated shard.
@@ -493,6 +498,50 @@ BEGIN
 			colocate_with
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 				  HINT = 'Pass a table of the colocation group idempotency.keys belongs to.';
+	END IF;
+
+	-- The scope column gets the tenant's type and collation, on every node,
+	-- before the records are distributed (Citus cannot change the type of a
+	-- distribution column); the records the coordinator holds keep their
+	-- scope, read as a value of that type.  Each worker's table is altered
+	-- where it differs: a node added since has the extension's own.
+	scope_alter := format('ALTER TABLE idempotency.keys ALTER COLUMN scope TYPE %s USING scope::%s',
+						  tenant_decl, format_type(tenant_type, NULL));
+	IF keys_colocation IS NULL AND (SELECT atttypid OPERATOR(pg_catalog.<>) tenant_type
+									OR attcollation OPERATOR(pg_catalog.<>) tenant_collation
+									FROM pg_attribute
+									WHERE attrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::regclass
+									  AND attname OPERATOR(pg_catalog.=) 'scope') THEN
+		BEGIN
+			EXECUTE scope_alter;
+		EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+			GET STACKED DIAGNOSTICS failed = MESSAGE_TEXT;
+			RAISE EXCEPTION 'idempotency.keys holds records whose scope is not a value of type %',
+				format_type(tenant_type, NULL)
+				USING ERRCODE = 'invalid_text_representation',
+					  DETAIL = failed OPERATOR(pg_catalog.||) '.',
+					  HINT = 'Release or reap those records first: after the call, the scope names a tenant of the table.';
+		END;
+	END IF;
+	SELECT string_agg(format('node %s:%s (%s)', nodename, nodeport, result), ', ') INTO failed
+	FROM run_command_on_workers(format(
+		'DO $do$ BEGIN IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute'
+		' WHERE attrelid OPERATOR(pg_catalog.=) %L::pg_catalog.regclass AND attname OPERATOR(pg_catalog.=) %L'
+		' AND atttypid OPERATOR(pg_catalog.=) %L::pg_catalog.regtype'
+		' AND attcollation OPERATOR(pg_catalog.=) %s) THEN'
+		' SET LOCAL citus.enable_ddl_propagation TO off; %s; END IF; END $do$',
+		'idempotency.keys', 'scope', format_type(tenant_type, NULL),
+		CASE WHEN tenant_collation OPERATOR(pg_catalog.=) 0 THEN '0'
+			 ELSE format('%L::pg_catalog.regcollation',
+						 (SELECT format('%I.%I', n.nspname, c.collname)
+						  FROM pg_collation c JOIN pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.collnamespace
+						  WHERE c.oid OPERATOR(pg_catalog.=) tenant_collation)) END,
+		scope_alter))
+	WHERE NOT success;
+	IF failed IS NOT NULL THEN
+		RAISE EXCEPTION 'could not give the records'' scope the type % on every node', tenant_decl
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('On %s.', failed);
 	END IF;
 
 	-- idempotency.keys, colocated with the business table; once.
@@ -535,6 +584,6 @@ END
 $$;
 
 COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
-'with Citus: distributes idempotency.keys by scope, colocated with the table, and runs the API on the node that holds the scope';
+'with Citus: distributes idempotency.keys by scope, of the type of the table''s tenant column, colocated with the table, and runs the API on the node that holds the scope';
 
 REVOKE ALL ON FUNCTION idempotency.citus_distribute(regclass) FROM PUBLIC;
