@@ -53,7 +53,7 @@ type Options struct {
 // DefaultWait is how long, with OneTransaction, a request waits for a
 // running one with the same key (whose claim has not committed yet) before
 // answering 409.
-const DefaultWait = 5 * time.Second
+const DefaultWait = 2 * time.Second
 
 // finishTimeout bounds complete, commit, rollback and release, which run
 // even when the client has gone away: the handler's work is kept or undone.
