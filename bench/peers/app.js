@@ -6,7 +6,9 @@
 //   DATABASE_URL=... REDIS_URL=redis://127.0.0.1:PORT PORT=... node app.js
 //
 // PGOPTIONS_EXTRA: startup options of the pool's connections (e.g.
-// '-c synchronous_commit=off'). OURS_CACHE=off turns our replay cache off.
+// '-c synchronous_commit=off'). OURS_CACHE=off turns our replay cache off;
+// OURS_PREPARE=off sends our claim and complete as plain text, as through
+// a transaction pooler (default: the prepare option, for a direct connection).
 
 const express = require('express');
 const { Pool } = require('pg');
@@ -39,6 +41,7 @@ async function makeApp() {
       const { idempotency } = require('pg-idempotency');
       app.post('/payments', idempotency(pool, {
         oneTransaction: variant === 'ours-one', cache: process.env.OURS_CACHE !== 'off',
+        prepare: process.env.OURS_PREPARE !== 'off',
       }), (req, res) => charge(req.db, req, res));
       break;
     }

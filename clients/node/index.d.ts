@@ -157,6 +157,8 @@ export interface MiddlewareOptions {
   wait?: Interval | null;
   /** With oneTransaction on pg 8.23 or later: run the handler while the claim's answer is on its way (default true). */
   runAhead?: boolean;
+  /** Claim and complete as SQL prepared statements, prepared once per connection (default false); not through a transaction pooler. */
+  prepare?: boolean;
   /** Replays from memory (default true: 1000 responses, 8 MiB, none over 64 KiB). */
   cache?: boolean | { max?: number; maxBytes?: number; maxEntryBytes?: number };
   /** Where the spans go (default OpenTelemetry's global tracer provider). */

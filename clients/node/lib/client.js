@@ -66,6 +66,32 @@ function completeText(key, fence, statusCode, body, headers, scope) {
     `${literal(json(headers), 'jsonb')}, ${literal(scope, 'text')}) AS result`;
 }
 
+// The HTTP layer's claim and complete as SQL prepared statements: PREPAREd
+// once per connection, then EXECUTEd with literal arguments, so that they
+// still share a simple query with BEGIN or COMMIT while the server parses,
+// analyses and plans them once per connection.
+const PREPARED = {
+  claim: 'pg_idempotency_claim_1', complete: 'pg_idempotency_complete_1',
+};
+const PREPARE = `PREPARE ${PREPARED.claim} (text, bytea, text, interval, interval, interval, uuid) AS
+  SELECT ${HTTP_COLUMNS} FROM idempotency.claim($1, $2, scope => $3, lease => $4, retention => $5, wait => $6, token => $7);
+PREPARE ${PREPARED.complete} (text, bigint, int, bytea, jsonb, text) AS
+  SELECT idempotency.complete($1, $2, $3, $4, $5, $6) AS result`;
+
+// Returns the text of an EXECUTE of the prepared claim (options as for claim()).
+function executeClaimText(key, fp, o) {
+  return `EXECUTE ${PREPARED.claim} (${literal(key)}, ${literal(bytes(fp))}, ${literal(o.scope)}, ` +
+    `${literal(interval(o.lease))}, ${literal(interval(o.retention))}, ${literal(interval(o.wait))}, ${literal(o.token)})`;
+}
+
+// Returns the text of an EXECUTE of the prepared complete.
+function executeCompleteText(key, fence, statusCode, body, headers, scope) {
+  if (!/^-?[0-9]+$/.test(String(fence))) throw new TypeError(`not a fence: ${fence}`);
+  if (!Number.isInteger(statusCode)) throw new TypeError(`not a status code: ${statusCode}`);
+  return `EXECUTE ${PREPARED.complete} (${literal(key)}, ${fence}, ${statusCode}, ${literal(bytes(body))}, ` +
+    `${literal(json(headers))}, ${literal(scope)})`;
+}
+
 // Returns what claim() answers, from the row of a claim statement.
 function claimFromRow(r) {
   return {
@@ -193,4 +219,7 @@ class IdempotencyClient {
 
 IdempotencyClient.fingerprint = fingerprint;
 
-module.exports = { IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow };
+module.exports = {
+  IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
+  PREPARE, executeClaimText, executeCompleteText,
+};

@@ -14,6 +14,7 @@ const { fingerprint } = require('./fingerprint');
 const { parseIdempotencyKey } = require('./key');
 const {
   IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
+  PREPARE, executeClaimText, executeCompleteText,
 } = require('./client');
 const { ReplayCache } = require('./replay-cache');
 const { traced, tracedReplayFromMemory, describeClaim, describeComplete } = require('./telemetry');
@@ -34,6 +35,7 @@ const DEFAULTS = {
   oneTransaction: false, // true: the claim, the handler's writes and complete in one transaction
   wait: undefined, // how long a concurrent duplicate waits for the first (one transaction: 2 s)
   runAhead: true, // one transaction, pg 8.23+: run the handler while the claim's answer is on its way
+  prepare: false, // true: claim and complete as SQL prepared statements (not through a transaction pooler)
   cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
   tracerProvider: null, // where the spans go: null = OpenTelemetry's global tracer provider
 };
@@ -160,6 +162,15 @@ function connectionLost(err) {
   return /^(08|57P0)/.test(err.code ?? '');
 }
 
+// The connections on which the middleware's PREPARE ran (the prepare option).
+const prepared = new WeakSet();
+
+// True when err says a prepared statement is gone from its connection
+// (DISCARD ALL or DEALLOCATE ran there): the statement did not run.
+function statementsGone(err) {
+  return err?.code === '26000';
+}
+
 // Ignores an 'error' event of a checked-out connection: the statement in
 // flight rejects with the same error, which is where it is handled.
 function onDropped() {}
@@ -275,10 +286,23 @@ function idempotency(pool, options = {}) {
       .catch(next);
   };
 
-  // Checks a connection out of the pool; one that drops meanwhile must not end the process.
-  async function checkout() {
+  // Checks a connection out of the pool (for the middleware's statements:
+  // with them prepared, per the prepare option); one that drops meanwhile
+  // must not end the process.
+  async function checkout({ forStatements = true } = {}) {
     const db = await pool.connect();
     db.on('error', onDropped);
+    if (opts.prepare && forStatements && !prepared.has(db)) {
+      try {
+        await db.query(PREPARE);
+      } catch (err) {
+        if (err.code !== '42P05') { // 42P05: already prepared on this connection
+          checkin(db, err);
+          throw err;
+        }
+      }
+      prepared.add(db);
+    }
     return db;
   }
 
@@ -299,7 +323,8 @@ function idempotency(pool, options = {}) {
   // at its error, which the server sends ahead of that ReadyForQuery: until
   // the client is ready again, an idle status may be stale ("BEGIN; claim"
   // failed: the transaction is open, aborted), so ROLLBACK then.
-  async function rollbackAndCheckin(db) {
+  async function rollbackAndCheckin(db, cause = null) {
+    if (statementsGone(cause)) prepared.delete(db); // the next checkout prepares them again
     if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I' &&
         db.readyForQuery === true)
       return checkin(db);
@@ -314,7 +339,7 @@ function idempotency(pool, options = {}) {
   // Returns the text of the claim of request c (its arguments as literals,
   // so that it can share a simple query with BEGIN).
   function claimSql(c) {
-    return claimText(c.key, c.fp, {
+    return (opts.prepare ? executeClaimText : claimText)(c.key, c.fp, {
       scope: c.scope, lease: opts.lease, retention: opts.retention, wait, token: c.token,
     });
   }
@@ -360,10 +385,10 @@ function idempotency(pool, options = {}) {
       } catch (err) {
         if (db) {
           if (connectionLost(err)) checkin(db, err);
-          else await rollbackAndCheckin(db);
+          else await rollbackAndCheckin(db, err);
         }
-        if (!connectionLost(err) || attempt >= opts.retries) throw err;
-        opts.log(`the claim's answer was lost (${err.message}); asking again`);
+        if (!(connectionLost(err) || statementsGone(err)) || attempt >= opts.retries) throw err;
+        if (connectionLost(err)) opts.log(`the claim's answer was lost (${err.message}); asking again`);
       }
     }
   }
@@ -458,7 +483,8 @@ function idempotency(pool, options = {}) {
         checkin(db, err);
         return recover(req, res, next, c, body, 1);
       }
-      await rollbackAndCheckin(db);
+      await rollbackAndCheckin(db, err);
+      if (statementsGone(err)) return recover(req, res, next, c, body, 1); // nothing ran: run it again
       if (err.code === '22023') return replaceWith(res, () => invalidKey(res));
       return replaceWith(res, () => unavailable(res, err));
     }
@@ -487,7 +513,7 @@ function idempotency(pool, options = {}) {
   async function runHandler(req, res, next) {
     let db = null;
     try {
-      db = await checkout();
+      db = await checkout({ forStatements: false });
       await db.query('BEGIN');
     } catch (err) {
       if (db) checkin(db, err);
@@ -528,7 +554,7 @@ function idempotency(pool, options = {}) {
         if (c) return recover(req, res, next, c, body);
         return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
       }
-      await rollbackAndCheckin(db);
+      await rollbackAndCheckin(db, err);
       if (err.code === 'IK001') return claimLost(res);
       if (c && !opts.oneTransaction) // one transaction: the claim rolled back with the rest
         await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
@@ -623,7 +649,7 @@ function idempotency(pool, options = {}) {
   // Sends complete and COMMIT in one simple query (one round trip); a
   // complete that fails skips the COMMIT and leaves the transaction to roll back.
   function completeAndCommit(db, c, res, body) {
-    const sql = `${completeText(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`;
+    const sql = `${(opts.prepare ? executeCompleteText : completeText)(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`;
     return traced(tracer, 'idempotency.complete', c.key,
       () => db.query(sql).then((results) => results[0].rows[0].result), describeComplete);
   }

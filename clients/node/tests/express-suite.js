@@ -1,7 +1,7 @@
 'use strict';
 // The Express middleware against docs/http-contract.md, on a real database:
-// the tests of one mode (two transactions, the default, or one), which
-// express.test.js and express-one-transaction.test.js run.
+// the tests of one mode (two transactions, the default, or one; prepared
+// statements or not), which express*.test.js run.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -14,8 +14,8 @@ module.exports = function expressSuite(mode) {
 const oneTransaction = Boolean(mode.oneTransaction);
 const pool = newPool();
 const idem = new IdempotencyClient(pool);
-// Per mode: the two files run at the same time, in two processes.
-const suffix = oneTransaction ? '_one' : '';
+// Per mode: the files run at the same time, in separate processes.
+const suffix = `${oneTransaction ? '_one' : ''}${mode.prepare ? '_prepared' : ''}`;
 const TABLE = `pg_idempotency_test_charges${suffix}`;
 let server;
 // Tests of one mode only.
