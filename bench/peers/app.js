@@ -2,13 +2,14 @@
 // One Express 5 app per variant, the same handler in each: one INSERT
 // through a node-postgres pool of 10, answering 201 {"charge": id}.
 //
-//   VARIANT=plain|ours-two|ours-one|express-idempotency|node-idempotency
+//   VARIANT=plain|ours-two|ours-one|ours-one-text|express-idempotency|node-idempotency
 //   DATABASE_URL=... REDIS_URL=redis://127.0.0.1:PORT PORT=... node app.js
 //
 // PGOPTIONS_EXTRA: startup options of the pool's connections (e.g.
 // '-c synchronous_commit=off'). OURS_CACHE=off turns our replay cache off;
 // OURS_PREPARE=off sends our claim and complete as plain text, as through
-// a transaction pooler (default: the prepare option, for a direct connection).
+// a transaction pooler (default: the prepare option, for a direct
+// connection); ours-one-text is ours-one so, beside it in the same run.
 
 const express = require('express');
 const { Pool } = require('pg');
@@ -37,11 +38,12 @@ async function makeApp() {
       app.post('/payments', express.json(), (req, res) => charge(pool, req, res));
       break;
     case 'ours-two':
-    case 'ours-one': {
+    case 'ours-one':
+    case 'ours-one-text': {
       const { idempotency } = require('pg-idempotency');
       app.post('/payments', idempotency(pool, {
-        oneTransaction: variant === 'ours-one', cache: process.env.OURS_CACHE !== 'off',
-        prepare: process.env.OURS_PREPARE !== 'off',
+        oneTransaction: variant !== 'ours-two', cache: process.env.OURS_CACHE !== 'off',
+        prepare: process.env.OURS_PREPARE !== 'off' && variant !== 'ours-one-text',
       }), (req, res) => charge(req.db, req, res));
       break;
     }
