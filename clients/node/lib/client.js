@@ -69,14 +69,17 @@ function completeText(key, fence, statusCode, body, headers, scope) {
 // The HTTP layer's claim and complete as SQL prepared statements: PREPAREd
 // once per connection, then EXECUTEd with literal arguments, so that they
 // still share a simple query with BEGIN or COMMIT while the server parses,
-// analyses and plans them once per connection.
+// analyses and plans them once per connection. A statement whose text
+// changes gets a new name (the number), so that two versions never meet.
 const PREPARED = {
   claim: 'pg_idempotency_claim_1', complete: 'pg_idempotency_complete_1',
 };
-const PREPARE = `PREPARE ${PREPARED.claim} (text, bytea, text, interval, interval, interval, uuid) AS
-  SELECT ${HTTP_COLUMNS} FROM idempotency.claim($1, $2, scope => $3, lease => $4, retention => $5, wait => $6, token => $7);
-PREPARE ${PREPARED.complete} (text, bigint, int, bytea, jsonb, text) AS
-  SELECT idempotency.complete($1, $2, $3, $4, $5, $6) AS result`;
+const PREPARE = [
+  `PREPARE ${PREPARED.claim} (text, bytea, text, interval, interval, interval, uuid) AS
+  SELECT ${HTTP_COLUMNS} FROM idempotency.claim($1, $2, scope => $3, lease => $4, retention => $5, wait => $6, token => $7)`,
+  `PREPARE ${PREPARED.complete} (text, bigint, int, bytea, jsonb, text) AS
+  SELECT idempotency.complete($1, $2, $3, $4, $5, $6) AS result`,
+];
 
 // Returns the text of an EXECUTE of the prepared claim (options as for claim()).
 function executeClaimText(key, fp, o) {

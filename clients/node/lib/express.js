@@ -294,16 +294,26 @@ function idempotency(pool, options = {}) {
     db.on('error', onDropped);
     if (opts.prepare && forStatements && !prepared.has(db)) {
       try {
-        await db.query(PREPARE);
+        await prepareOn(db);
       } catch (err) {
-        if (err.code !== '42P05') { // 42P05: already prepared on this connection
-          checkin(db, err);
-          throw err;
-        }
+        checkin(db, err);
+        throw err;
       }
       prepared.add(db);
     }
     return db;
+  }
+
+  // Prepares the middleware's statements on db, each unless it already is
+  // (42P05: a copy of this module that shares the pool prepared it).
+  async function prepareOn(db) {
+    for (const statement of PREPARE) {
+      try {
+        await db.query(statement);
+      } catch (err) {
+        if (err.code !== '42P05') throw err;
+      }
+    }
   }
 
   // Gives a connection back, or discards it when err says it is lost.
@@ -649,7 +659,8 @@ function idempotency(pool, options = {}) {
   // Sends complete and COMMIT in one simple query (one round trip); a
   // complete that fails skips the COMMIT and leaves the transaction to roll back.
   function completeAndCommit(db, c, res, body) {
-    const sql = `${(opts.prepare ? executeCompleteText : completeText)(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`;
+    const complete = opts.prepare ? executeCompleteText : completeText;
+    const sql = `${complete(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`;
     return traced(tracer, 'idempotency.complete', c.key,
       () => db.query(sql).then((results) => results[0].rows[0].result), describeComplete);
   }

@@ -11,8 +11,9 @@ const { unique, listen, send } = require('./helpers');
 
 require('./express-suite')({ oneTransaction: true, prepare: true });
 
-// DISCARD ALL on a connection drops what was prepared on it: a request
-// there finds its statement gone, prepares it again and runs.
+// A statement already prepared on the connection (by another copy of the
+// module) is kept. DISCARD ALL on a connection drops what was prepared on
+// it: a request there finds its statement gone, prepares it again and runs.
 for (const oneTransaction of [false, true]) {
   test(`prepare${oneTransaction ? ', one transaction' : ''}: statements discarded from a connection are prepared again`, async (t) => {
     const url = new URL(process.env.DATABASE_URL);
@@ -30,6 +31,9 @@ for (const oneTransaction of [false, true]) {
       path: '/ok', body: '{}', headers: [['Content-Type', 'application/json'], ['Idempotency-Key', `"${key}"`]],
     });
 
+    await pool.query('PREPARE pg_idempotency_claim_1 (text, bytea, text, interval, interval, interval, uuid) AS ' +
+      'SELECT outcome, fence, attempt, status_code, headers, body, retry_after FROM idempotency.claim(' +
+      '$1, $2, scope => $3, lease => $4, retention => $5, wait => $6, token => $7)');
     const first = await post(unique('prep'));
     assert.equal(first.status, 201);
     assert.deepEqual(first.json(), { prepared: 2 }, 'claim and complete are prepared on the connection');
