@@ -21,7 +21,11 @@ from django.urls import path
 from psycopg.conninfo import conninfo_to_dict
 
 from conftest import DATABASE_URL
-from helpers import ALICE, BOB, assert_problem, scope_of, value, wait_for
+from helpers import ALICE, BOB, assert_problem, free_port, pgbouncer, scope_of, value, wait_for
+
+# Where test_through_pgbouncer_in_transaction_mode runs a pgbouncer: the
+# database alias "bouncer" points there.
+BOUNCER_PORT = free_port()
 
 
 def configure():
@@ -35,7 +39,9 @@ def configure():
         MIDDLEWARE=["pg_idempotency.django.IdempotencyMiddleware", f"{__name__}.Timeout"],
         DATABASES={"default": database,
                    "down": {**database, "HOST": "127.0.0.1", "PORT": "1",
-                            "OPTIONS": {"connect_timeout": 1}}},
+                            "OPTIONS": {"connect_timeout": 1}},
+                   "bouncer": {**database, "HOST": "127.0.0.1", "PORT": str(BOUNCER_PORT),
+                               "CONN_MAX_AGE": None}},
         USE_TZ=True)
     django.setup()
 
@@ -388,3 +394,33 @@ def test_one_transaction_a_duplicate_waits_for_the_first_and_then_replays_or_is_
     assert done[0].status_code == 201
     assert pay(DjangoClient(), "wait-1")["Idempotent-Replayed"] == "true"
     assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def test_through_pgbouncer_in_transaction_mode(admin, mode):
+    """Django's connection through pgbouncer in transaction mode, Django's
+    and pgbouncer's default settings, kept open across requests
+    (CONN_MAX_AGE None): the middleware's statements and the view's run on
+    whichever server connection each transaction gets, so none may be a
+    prepared statement (with OPTIONS server_side_binding and a
+    prepare_threshold, this test fails: "prepared statement does not exist")."""
+    with pgbouncer(port=BOUNCER_PORT) as bouncer, psycopg.connect(bouncer) as other, \
+            override_settings(IDEMPOTENCY={"one_transaction": mode == "one transaction", "using": "bouncer"}):
+        client = DjangoClient(raise_request_exception=False)
+        try:
+            # More requests on one client connection than psycopg's prepare_threshold.
+            for n in range(8):
+                assert pay(client, f"pb-django-{n}", {"amount": 10 + n}).status_code == 201
+            # Another client holds the server connection those used (pgbouncer
+            # hands out the last one released): what follows runs on another.
+            other.execute("SELECT 1")
+            for n in range(8):
+                again = pay(client, f"pb-django-{n}", {"amount": 10 + n})
+                assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+            assert pay(client, "pb-django-0", {"amount": 99}).status_code == 422
+            assert pay(client, "pb-django-fail", {"amount": 5, "fail": True}).status_code == 500
+            assert pay(client, "pb-django-fail", {"amount": 5}).status_code == 201
+        finally:
+            other.rollback()
+            connections["bouncer"].close()
+    assert value(admin, "SELECT count(*) FROM charges") == 9
+    assert value(admin, "SELECT count(*) FROM idempotency.keys WHERE state = 'completed'") == 9

@@ -3,77 +3,22 @@ pgbouncer in transaction pooling, with psycopg's default settings
 (prepare_threshold 5): the client's own statements must
 never be prepared, since the next transaction may run on another server
 connection, where a prepared statement does not exist. Skips without a
-pgbouncer binary (Debian: the pgbouncer package)."""
-
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
-from pathlib import Path
+pgbouncer binary (Debian: the pgbouncer package). Django's middleware
+through pgbouncer: test_django.py."""
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from conftest import DATABASE_URL
-from helpers import pay, value, wait_for
+from helpers import pay, pgbouncer, value, wait_for
 from test_http import charges_locked, handlers_blocked, in_background
 from pg_idempotency import Client, fingerprint
-
-PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-
 
 @pytest.fixture(scope="module")
 def bouncer():
     """A pgbouncer in transaction mode before the test database; yields its conninfo."""
-    if not os.path.exists(PGBOUNCER):
-        pytest.skip("no pgbouncer")
-    params = conninfo_to_dict(DATABASE_URL)
-    # A folder of its own that the postgres user can reach (pytest's are root's only).
-    here = Path(tempfile.mkdtemp(prefix="pg-idempotency-pgbouncer-"))
-    here.chmod(0o755)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    user = params.get("user", "postgres")
-    (here / "users.txt").write_text(f'"{user}" ""\n')
-    (here / "pgbouncer.ini").write_text(f"""[databases]
-* = host={params.get("host", "127.0.0.1")} port={params.get("port", 5432)}
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {here}/users.txt
-pool_mode = transaction
-default_pool_size = 4
-logfile = {here}/pgbouncer.log
-""")
-    command = [PGBOUNCER, str(here / "pgbouncer.ini")]
-    if os.geteuid() == 0:   # pgbouncer refuses to run as root
-        shutil.chown(here, "postgres")
-        for name in ("users.txt", "pgbouncer.ini"):
-            shutil.chown(here / name, "postgres")
-        command = ["runuser", "-u", "postgres", "--", *command]
-    process = subprocess.Popen(command)
-    conninfo = make_conninfo(DATABASE_URL, host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            psycopg.connect(conninfo, connect_timeout=2).close()
-            break
-        except psycopg.OperationalError:
-            assert time.monotonic() < deadline and process.poll() is None, \
-                "pgbouncer did not start: " + (here / "pgbouncer.log").read_text(errors="replace")
-            time.sleep(0.1)
-    yield conninfo
-    process.terminate()
-    process.wait(10)
-    shutil.rmtree(here)
+    with pgbouncer() as conninfo:
+        yield conninfo
 
 
 def test_the_client_works_through_pgbouncer_in_transaction_mode(bouncer):
