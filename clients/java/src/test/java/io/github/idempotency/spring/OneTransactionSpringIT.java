@@ -15,7 +15,7 @@ import org.springframework.boot.test.context.SpringBootTest;
 @SpringBootTest(classes = {PaymentsApp.class, SpringIT.Telemetry.class},
 		webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT,
 		properties = {"spring.datasource.hikari.maximum-pool-size=4", "idempotency.lease=2s",
-				"idempotency.one-transaction=true"})
+				"idempotency.one-transaction=true", "spring.autoconfigure.exclude=" + SpringIT.NO_JPA})
 class OneTransactionSpringIT extends SpringIT {
 
 	/** A handler past its lease is not taken over: the retry waits and replays its answer. */

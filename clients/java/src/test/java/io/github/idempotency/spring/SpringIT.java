@@ -26,13 +26,19 @@ import org.springframework.boot.test.context.SpringBootTest;
 import org.springframework.boot.test.context.TestConfiguration;
 import org.springframework.boot.test.web.server.LocalServerPort;
 import org.springframework.context.annotation.Bean;
+import org.springframework.jdbc.datasource.DataSourceTransactionManager;
 import org.springframework.test.context.DynamicPropertyRegistry;
 import org.springframework.test.context.DynamicPropertySource;
+import org.springframework.transaction.PlatformTransactionManager;
 
 /** The auto-configuration in a Spring Boot app: JdbcTemplate and @Transactional writes commit with complete. */
 @SpringBootTest(classes = {PaymentsApp.class, SpringIT.Telemetry.class}, webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT,
-		properties = {"spring.datasource.hikari.maximum-pool-size=4", "idempotency.lease=2s"})
+		properties = {"spring.datasource.hikari.maximum-pool-size=4", "idempotency.lease=2s",
+				"spring.autoconfigure.exclude=" + SpringIT.NO_JPA})
 class SpringIT {
+	/** JPA is on the tests' class path (JpaIT): these stay on JDBC's transaction manager. */
+	static final String NO_JPA = "org.springframework.boot.hibernate.autoconfigure.HibernateJpaAutoConfiguration,"
+			+ "org.springframework.boot.data.jpa.autoconfigure.DataJpaRepositoriesAutoConfiguration";
 	private static final String ALICE = "Bearer sk_test_alice";
 
 	@LocalServerPort
@@ -43,6 +49,8 @@ class SpringIT {
 	IdempotencyFilter filter;
 	@Autowired
 	Spans spans;
+	@Autowired
+	PlatformTransactionManager transactionManager;
 
 	/** The application's OpenTelemetry: an SDK with the in-memory exporter. */
 	@TestConfiguration
@@ -88,6 +96,7 @@ class SpringIT {
 	void autoConfiguredOnTheApplicationsPool() {
 		assertTrue(dataSource instanceof HikariDataSource);
 		assertTrue(filter != null);
+		assertTrue(transactionManager instanceof DataSourceTransactionManager, transactionManager.getClass().getName());
 	}
 
 	@Test
