@@ -42,7 +42,7 @@ const handler = makeIdempotent(async (event: { id: string }) => event.id, {
 });
 const library = new Idempotency(new PostgresStorageAdapter({ pool, leaseMs: 30_000 }));
 const tracerProvider = new BasicTracerProvider();
-app.use(idempotency(pool, { oneTransaction: true, tracerProvider }));
+app.use(idempotency(pool, { oneTransaction: true, prepare: true, tracerProvider }));
 const traced = new IdempotencyClient(pool, { tracerProvider: trace.getTracerProvider() });
 const tracedStore = new PostgresPersistenceLayer({ pool, tracerProvider });
 
