@@ -525,7 +525,8 @@ BEGIN
 	END IF;
 	SELECT string_agg(format('node %s:%s (%s)', nodename, nodeport, result), ', ') INTO failed
 	FROM run_command_on_workers(format(
-		'DO $do$ BEGIN IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute'
+		'DO $do$ BEGIN SET LOCAL search_path TO pg_catalog, pg_temp;'
+		' IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute'
 		' WHERE attrelid OPERATOR(pg_catalog.=) %L::pg_catalog.regclass AND attname OPERATOR(pg_catalog.=) %L'
 		' AND atttypid OPERATOR(pg_catalog.=) %L::pg_catalog.regtype'
 		' AND attcollation OPERATOR(pg_catalog.=) %s) THEN'

@@ -18,6 +18,7 @@
 #include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "parser/parse_relation.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
@@ -122,32 +123,42 @@ check_column_type(Relation rel, const char *name, IdemKeysColumn col, AttrNumber
 						 c_collated ? " COLLATE \"C\"" : "")));
 }
 
-/*
- * Describes the scope column of rel (named name), number attnum, into out.
- * Besides the extension's text COLLATE "C", it may have the type of a Citus
- * tenant column, which citus_distribute gives it (text or varchar of any
- * collation, bigint, integer, uuid); anything else is 42804.
- */
-static void
-describe_scope(Relation rel, const char *name, AttrNumber attnum, IdemScopeType *out)
+/* True when type (without a typmod) is one citus_distribute may give the scope column. */
+static bool
+tenant_type(Oid type, int32 typmod)
 {
-	Form_pg_attribute attr = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
-	TypeCacheEntry *tc;
-
-	switch (attr->atttypid)
+	switch (type)
 	{
 		case TEXTOID:
 		case VARCHAROID:
 		case INT8OID:
 		case INT4OID:
 		case UUIDOID:
-			if (attr->atttypmod == -1)
-				break;
-			/* FALLTHROUGH */
+			return typmod == -1;
 		default:
-			/* The message names text COLLATE "C", the type the extension gives it. */
-			check_column_type(rel, name, IDEM_COL_SCOPE, attnum);
+			return false;
 	}
+}
+
+/*
+ * Describes the scope column of rel (named name), number attnum, into out.
+ * Besides the extension's text COLLATE "C", it may have the type of a Citus
+ * tenant column, which citus_distribute gives it (text or varchar of any
+ * collation, bigint, integer, uuid), where Citus is installed; anything
+ * else (a DBA's ALTER COLUMN without Citus) is 42804.
+ */
+static void
+describe_scope(Relation rel, const char *name, AttrNumber attnum, IdemScopeType *out)
+{
+	Form_pg_attribute attr = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
+	TypeCacheEntry *tc;
+	bool		own_type = attr->atttypid == TEXTOID && attr->atttypmod == -1 &&
+		attr->attcollation == C_COLLATION_OID;
+
+	/* The message names text COLLATE "C", the type the extension gives it. */
+	if (!own_type && !(tenant_type(attr->atttypid, attr->atttypmod) &&
+					   OidIsValid(get_extension_oid("citus", true))))
+		check_column_type(rel, name, IDEM_COL_SCOPE, attnum);
 	out->type = attr->atttypid;
 	out->collation = attr->attcollation;
 	out->is_text = (out->type == TEXTOID || out->type == VARCHAROID);
@@ -186,16 +197,38 @@ idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
 
 /*
  * Returns scope as a value of rel's scope column: the text itself for text
- * and varchar, else the value the type's input function reads from it,
- * which raises 22P02, naming the type, when it is not one.
+ * and varchar, else the value the type's input function reads from it.
+ * When it is not one, the input function's error is raised as 22P02 (the
+ * design's code for a scope that is not a tenant id), also where the input
+ * function says 22003 (a number out of range).
  */
 Datum
 idem_scope_value(const IdemKeysRel *rel, text *scope)
 {
+	MemoryContext caller = CurrentMemoryContext;
+	char	   *value;
+	Datum		result = (Datum) 0;
+
 	if (rel->scope.is_text)
 		return PointerGetDatum(scope);
-	return OidInputFunctionCall(rel->scope.input, text_to_cstring(scope),
-								rel->scope.ioparam, -1);
+	value = text_to_cstring(scope);
+	PG_TRY();
+	{
+		result = OidInputFunctionCall(rel->scope.input, value, rel->scope.ioparam, -1);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		/* Raised again at once: nothing to clean up, no subtransaction needed. */
+		MemoryContextSwitchTo(caller);
+		edata = CopyErrorData();
+		FlushErrorState();
+		edata->sqlerrcode = ERRCODE_INVALID_TEXT_REPRESENTATION;
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
+	return result;
 }
 
 /* Returns the enum value of label in type enumtype; raises when it is missing. */

@@ -142,8 +142,8 @@ sub tenant_checks
 				qq{SELECT idempotency.complete('bad', 1, 200, NULL, NULL, '$t->{bad}')},
 				qq{SELECT * FROM idempotency.lookup('bad', '$t->{bad}')})
 			{
-				like(idem_sqlstate($node, $call), qr/^22(P02|003)$/,
-					$node->name . ": 22P02 (22003 out of range) for $call");
+				is(idem_sqlstate($node, $call), '22P02',
+					$node->name . ": 22P02 (out of range too) for $call");
 			}
 		}
 		is($cq->(q{SELECT count(*) FROM idempotency.keys WHERE key = 'bad'}),

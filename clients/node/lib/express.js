@@ -592,6 +592,9 @@ function idempotency(pool, options = {}) {
       if (open) await rollbackAndCheckin(db);
       else checkin(db);
     }
+    // Asked again for a claim whose answer never came (first > 0: running
+    // ahead, nothing of it committed): its answer is the claim's own.
+    if (first > 0 && claim.outcome !== 'new') return replaceWith(res, () => answer(res, claim));
     if (claim.outcome === 'replay') {
       if (claim.statusCode === res.statusCode && claim.body !== null && body.equals(claim.body)) return true;
       return replaceWith(res, () => answer(res, claim));
@@ -601,10 +604,11 @@ function idempotency(pool, options = {}) {
         : replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
     c.fence = claim.fence; // the same, unless our lease had ended (a takeover) or, one transaction, it rolled back
-    if (res.headersSent || !req.route || c.reruns >= opts.retries) {
+    if (res.headersSent || !req.route || c.reruns >= opts.retries || req.timedout) {
       await db.query('ROLLBACK').catch(() => {});
       if (!opts.oneTransaction) await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
       checkin(db);
+      if (req.timedout) return true; // a timeout answered: its answer goes out, the handler does not run again
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The connection to the database was lost; nothing of this request was kept. Retry later.',
         { 'Retry-After': '1' });

@@ -48,3 +48,37 @@ for (const oneTransaction of [false, true]) {
     assert.deepEqual(replay.json(), { prepared: 2 });
   });
 }
+
+// Running ahead, a claim whose statement was gone never ran: asked again,
+// its own answer goes out (here 422 for another request's key), and a
+// request a timeout answered meanwhile is not run again.
+test('prepare, one transaction: after a discarded statement, the claim asked again answers for itself', async (t) => {
+  const pool = new Pool({ connectionString: new URL(process.env.DATABASE_URL).href, max: 1 });
+  t.after(() => pool.end());
+  let runs = 0;
+  const app = express();
+  app.use(idempotency(pool, { prepare: true, oneTransaction: true }));
+  app.post('/ok', (req, res) => res.status(201).json({ ok: true }));
+  app.post('/times-out', (req, res) => {
+    runs += 1;
+    if (runs === 1) { // as connect-timeout answers: req.timedout, then its 503
+      req.timedout = true;
+      return res.status(503).json({ timedOut: true });
+    }
+    return res.status(201).json({ ok: true });
+  });
+  const server = await listen(app);
+  t.after(() => server.close());
+  const post = (path, key, body) => send(server.url, {
+    path, body, headers: [['Content-Type', 'application/json'], ['Idempotency-Key', `"${key}"`]],
+  });
+
+  const key = unique('prep');
+  assert.equal((await post('/ok', key, '{}')).status, 201);
+  await pool.query('DEALLOCATE ALL');
+  assert.equal((await post('/ok', key, '{"other":1}')).status, 422, 'the mismatch, not a 503');
+  await pool.query('DEALLOCATE ALL');
+  const timedOut = await post('/times-out', unique('prep'), '{}');
+  assert.equal(timedOut.status, 503, 'the timeout\'s answer');
+  assert.equal(runs, 1, 'the handler did not run again');
+});

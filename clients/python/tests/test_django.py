@@ -21,11 +21,7 @@ from django.urls import path
 from psycopg.conninfo import conninfo_to_dict
 
 from conftest import DATABASE_URL
-from helpers import ALICE, BOB, assert_problem, free_port, pgbouncer, scope_of, value, wait_for
-
-# Where test_through_pgbouncer_in_transaction_mode runs a pgbouncer: the
-# database alias "bouncer" points there.
-BOUNCER_PORT = free_port()
+from helpers import ALICE, BOB, assert_problem, pgbouncer, scope_of, value, wait_for
 
 
 def configure():
@@ -40,8 +36,8 @@ def configure():
         DATABASES={"default": database,
                    "down": {**database, "HOST": "127.0.0.1", "PORT": "1",
                             "OPTIONS": {"connect_timeout": 1}},
-                   "bouncer": {**database, "HOST": "127.0.0.1", "PORT": str(BOUNCER_PORT),
-                               "CONN_MAX_AGE": None}},
+                   # test_through_pgbouncer_in_transaction_mode's pgbouncer (its port set there)
+                   "bouncer": {**database, "HOST": "127.0.0.1", "PORT": "1", "CONN_MAX_AGE": None}},
         USE_TZ=True)
     django.setup()
 
@@ -403,8 +399,10 @@ def test_through_pgbouncer_in_transaction_mode(admin, mode):
     whichever server connection each transaction gets, so none may be a
     prepared statement (with OPTIONS server_side_binding and a
     prepare_threshold, this test fails: "prepared statement does not exist")."""
-    with pgbouncer(port=BOUNCER_PORT) as bouncer, psycopg.connect(bouncer) as other, \
+    with pgbouncer() as bouncer, psycopg.connect(bouncer) as other, \
             override_settings(IDEMPOTENCY={"one_transaction": mode == "one transaction", "using": "bouncer"}):
+        connections["bouncer"].close()
+        connections["bouncer"].settings_dict["PORT"] = conninfo_to_dict(bouncer)["port"]
         client = DjangoClient(raise_request_exception=False)
         try:
             # More requests on one client connection than psycopg's prepare_threshold.

@@ -125,6 +125,41 @@ async fn charges_once_through(bouncer: &Bouncer, one_transaction: bool) {
     assert_eq!(count_rows(&db, &table).await, 7, "one charge per key");
 }
 
+/// A handler that never locks its `Tx` (its work is elsewhere: the case of
+/// two transactions), answering `status`: its `complete` runs apart from
+/// the request's transaction. Sixteen keys at once, then each again: a 2xx
+/// is stored and replayed, a 5xx released (no record).
+async fn complete_apart_through(bouncer: &Bouncer, status: u16) {
+    let pool = pool_through(bouncer);
+    let layer = IdempotencyLayer::new(pool.clone());
+    let address = serve(layer, move |_request: Request<Body>| async move {
+        Response::builder().status(status).body(Body::from("{\"done\":true}")).unwrap()
+    })
+    .await;
+    let keys: Vec<String> = (0..16).map(|n| unique(&format!("apart_{status}_{n}"))).collect();
+    let sends: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let key = key.clone();
+            tokio::spawn(async move { post(address, &key, b"{\"amount\":10}", &[]).await })
+        })
+        .collect();
+    for send in sends {
+        let reply = send.await.unwrap();
+        assert_eq!(reply.status, status, "{reply:?}");
+    }
+    for key in &keys {
+        let record = lookup(&pool, key, Some("")).await.unwrap();
+        if status < 500 {
+            assert_eq!(record.expect("a record").state, State::Completed);
+            let again = post(address, key, b"{\"amount\":10}", &[]).await;
+            assert_eq!(again.header("idempotent-replayed"), Some("true"), "{again:?}");
+        } else {
+            assert!(record.is_none(), "a 5xx is released");
+        }
+    }
+}
+
 /// Sends eight requests with one key at once; their statuses.
 async fn futures_join(address: SocketAddr, key: &str) -> Vec<u16> {
     let sends: Vec<_> = (0..8)
@@ -149,4 +184,6 @@ async fn through_pgbouncer_in_transaction_mode() {
     let bouncer = start(&program);
     charges_once_through(&bouncer, false).await;
     charges_once_through(&bouncer, true).await;
+    complete_apart_through(&bouncer, 201).await;
+    complete_apart_through(&bouncer, 503).await;
 }

@@ -145,6 +145,7 @@ public final class Idempotency {
 			st.setInt(6, statusCode);
 			Sql.setBytes(st, 7, body);
 			st.setString(8, headers == null || headers.isEmpty() ? null : Json.headers(headers));
+			st.setString(9, Sql.interval(req.waitFor()));
 			String answer;
 			try (ResultSet rs = st.executeQuery()) {
 				answer = rs.next() ? rs.getString(1) : "released";

@@ -28,13 +28,15 @@ public class JpaPaymentsApp {
 
 		/**
 		 * {"amount": N, "reference": R, "throw": true, "stolen": true}: saves a charge and answers 201
-		 * {"charge": id}; stolen: the claim goes while the handler runs (as if a retry took it over).
+		 * {"charge": id}; throw: flushes, then fails; stolen: the claim goes while the handler runs (as
+		 * if a retry took it over).
 		 */
 		@PostMapping("/payments")
 		public ResponseEntity<Map<String, Long>> pay(@RequestBody Map<String, Object> body) throws SQLException {
 			Charge charge = charges.save(new Charge(((Number) body.get("amount")).longValue(),
 					(String) body.get("reference")));
 			if (Boolean.TRUE.equals(body.get("throw"))) {
+				charges.flush(); // the INSERT reaches the database: the rollback must undo it
 				throw new IllegalStateException("the handler failed");
 			}
 			if (Boolean.TRUE.equals(body.get("stolen"))) {
