@@ -11,7 +11,7 @@
 // {"listen": PORT, "control": PORT}, on stdout. The control interface is
 // HTTP on 127.0.0.1 (--control, default a free port); every answer is JSON:
 //
-//   POST /cut?match=REGEX[&times=N][&scope=statement|transaction]
+//   POST /cut?match=REGEX[&times=N][&scope=statement|transaction][&keep=server]
 //       Arms a cut (replacing any armed one): the next N (default 1) times a
 //       client sends a statement whose SQL text matches REGEX (JavaScript,
 //       case-insensitive; the text of a Query, or of the Parse behind the
@@ -24,17 +24,21 @@
 //       scope=transaction cuts at the first ReadyForQuery that says the
 //       connection is idle again (the statement's own when it ran on its
 //       own, the COMMIT's or ROLLBACK's inside BEGIN ... COMMIT), passing the
-//       answers before that one on as usual.
+//       answers before that one on as usual. keep=server closes only the
+//       client's side: the server's stays open, unread, as a half-open
+//       connection leaves it (its transaction goes on) until /drop.
 //   POST /refuse?count=N      closes the next N new connections at once, before
 //                             any byte reaches the server.
 //   POST /refuse?ms=T         stops listening for T milliseconds: connecting is
 //                             refused (ECONNREFUSED) meanwhile.
-//   POST /drop                closes every open connection now.
+//   POST /drop                closes every open connection now, and the
+//                             server sides kept open by keep=server cuts.
 //   POST /reset               disarms everything and zeroes the counters.
 //   GET  /stats               the counters: connections (accepted and
 //                             forwarded), open, matched (statements that
 //                             matched the armed cut), cuts (done), refused,
-//                             dropped; and armed (the cut still to do, or null).
+//                             dropped, kept (server sides kept open now);
+//                             and armed (the cut still to do, or null).
 //
 // The protocol: a client's SSLRequest or GSSENCRequest is answered 'N' (go
 // on unencrypted: sslmode=require cannot go through this proxy); a
@@ -53,9 +57,10 @@ const GSSENC_REQUEST = 80877104;
 const CANCEL_REQUEST = 80877102;
 
 const stats = { connections: 0, open: 0, matched: 0, cuts: 0, refused: 0, dropped: 0 };
-let armed = null; // { match: RegExp, times, scope }
+let armed = null; // { match: RegExp, times, scope, keepServer }
 let refuseCount = 0;
 const sessions = new Set();
+const keptServers = new Set(); // server sockets whose client was cut with keep=server
 
 // Parses --name value arguments into an object.
 function parseArgs(argv) {
@@ -98,12 +103,12 @@ function cstring(buf, offset) {
 }
 
 // Decides whether a statement's SQL text hits the armed cut (and counts it
-// down): returns the cut's scope, or null.
+// down): returns the cut ({ scope, keepServer }), or null.
 function hits(sql) {
   if (!armed || armed.times <= 0 || !armed.match.test(sql)) return null;
   armed.times -= 1;
   stats.matched += 1;
-  return armed.scope;
+  return { scope: armed.scope, keepServer: armed.keepServer };
 }
 
 // One client connection and its server connection.
@@ -115,13 +120,13 @@ class Session {
     this.fromClient = Buffer.alloc(0);
     this.fromServer = Buffer.alloc(0);
     this.raw = false; // a CancelRequest: pass bytes through unparsed
-    // One entry per ReadyForQuery to come (the startup's first): the scope
-    // of the cut to make at it, or null.
+    // One entry per ReadyForQuery to come (the startup's first): the cut
+    // to make at it, or null.
     this.pending = [null];
     this.extended = null; // the cut hit by the extended-protocol messages since the last Sync
     this.statements = new Map(); // prepared statement name => SQL text
     this.portals = new Map(); // portal name => the SQL text of its statement
-    this.cutAtIdle = false; // scope=transaction: cut at the next idle ReadyForQuery
+    this.cutAtIdle = null; // scope=transaction: the cut to make at the next idle ReadyForQuery
     this.held = []; // server messages held back until the ReadyForQuery that decides
     this.closed = false;
     sessions.add(this);
@@ -145,6 +150,24 @@ class Session {
     this.client.uncork(); // the messages forwarded from this read, before the cut
     this.client.destroySoon();
     this.server.destroy();
+  }
+
+  // Closes the client's side only, leaving the server's open and unread.
+  closeClient() {
+    for (const event of ['close', 'error', 'data']) {
+      this.client.removeAllListeners(event);
+      this.server.removeAllListeners(event);
+    }
+    this.client.on('error', () => {});
+    this.server.on('error', () => {});
+    this.server.pause();
+    keptServers.add(this.server);
+    this.server.on('close', () => keptServers.delete(this.server));
+    this.closed = true;
+    sessions.delete(this);
+    stats.open -= 1;
+    this.client.uncork();
+    this.client.destroySoon();
   }
 
   // Reads client bytes: the startup phase, then typed messages.
@@ -220,7 +243,7 @@ class Session {
   // Forwards one server message, holds it, or (at the deciding ReadyForQuery) cuts.
   serverMessage(m) {
     const cut = this.pending[0] ?? null;
-    const holding = cut !== null || this.cutAtIdle;
+    const holding = cut !== null || this.cutAtIdle !== null;
     if (m[0] !== 0x5a /* Z: ReadyForQuery */) {
       if (holding) this.held.push(m);
       else this.client.write(m);
@@ -228,11 +251,11 @@ class Session {
     }
     this.pending.shift();
     const idle = m[5] === 0x49; // 'I': not in a transaction
-    if (cut === 'transaction' && !idle) {
-      this.cutAtIdle = true; // the statement's transaction goes on: cut at its end
-    } else if (cut !== null || (this.cutAtIdle && idle)) {
+    if (cut?.scope === 'transaction' && !idle) {
+      this.cutAtIdle = cut; // the statement's transaction goes on: cut at its end
+    } else if (cut !== null || (this.cutAtIdle !== null && idle)) {
       stats.cuts += 1;
-      return this.close();
+      return (cut ?? this.cutAtIdle).keepServer ? this.closeClient() : this.close();
     }
     for (const held of this.held) this.client.write(held);
     this.held = [];
@@ -262,7 +285,8 @@ function control(req, res, proxy, listenPort) {
     res.end(`${JSON.stringify(body)}\n`);
   };
   const route = `${req.method} ${url.pathname}`;
-  if (route === 'GET /stats') return send(200, { ...stats, armed: armed && { ...armed, match: armed.match.source } });
+  if (route === 'GET /stats')
+    return send(200, { ...stats, kept: keptServers.size, armed: armed && { ...armed, match: armed.match.source } });
   if (route === 'POST /cut') {
     let match;
     try {
@@ -272,10 +296,12 @@ function control(req, res, proxy, listenPort) {
     }
     const times = Number(q.get('times') ?? 1);
     const scope = q.get('scope') ?? 'statement';
-    if (!q.get('match') || !Number.isInteger(times) || times < 1 || !['statement', 'transaction'].includes(scope))
-      return send(400, { error: 'cut needs match=REGEX, times a positive integer, scope statement or transaction' });
-    armed = { match, times, scope };
-    return send(200, { armed: { match: match.source, times, scope } });
+    const keep = q.get('keep');
+    if (!q.get('match') || !Number.isInteger(times) || times < 1 || !['statement', 'transaction'].includes(scope) ||
+        ![null, 'server'].includes(keep))
+      return send(400, { error: 'cut needs match=REGEX, times a positive integer, scope statement or transaction, keep server or nothing' });
+    armed = { match, times, scope, keepServer: keep === 'server' };
+    return send(200, { armed: { match: match.source, times, scope, keepServer: armed.keepServer } });
   }
   if (route === 'POST /refuse') {
     const count = Number(q.get('count') ?? 0);
@@ -294,6 +320,7 @@ function control(req, res, proxy, listenPort) {
       stats.dropped += 1;
       s.close();
     }
+    for (const server of [...keptServers]) server.destroy();
     return send(200, { dropped: stats.dropped });
   }
   if (route === 'POST /reset') {

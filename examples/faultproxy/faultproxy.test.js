@@ -213,6 +213,27 @@ test('scope=transaction cuts the COMMIT, after the statement answered', async ()
   assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
 });
 
+test('keep=server cuts the client only: the server keeps its transaction until drop', async () => {
+  const key = `fp-keep-${RUN}`;
+  const backend = `SELECT state FROM pg_stat_activity WHERE query LIKE '%${key}%' AND pid <> pg_backend_pid()`;
+  await proxy.control('POST', '/cut?match=idempotency%5C.claim&keep=server');
+  const w = await Wire.open(proxy.port);
+  await w.query('BEGIN');
+  await assert.rejects(w.query(claimSql(key)), /connection closed/);
+  assert.equal((await proxy.control('GET', '/stats')).kept, 1);
+  // The server never heard of the cut: its transaction still holds the claim.
+  assert.deepEqual(await direct(backend), ['idle in transaction']);
+  assert.deepEqual(await direct(`SELECT count(*) FROM idempotency.lookup('${key}')`), ['0']);
+  await proxy.control('POST', '/drop');
+  for (let i = 0; (await direct(backend)).length > 0; i++) {
+    assert.ok(i < 100, 'the server did not see the dropped connection end');
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  assert.equal((await proxy.control('GET', '/stats')).kept, 0);
+  // Rolled back: the key is free.
+  assert.deepEqual(await direct(claimSql(key)), ['new']);
+});
+
 test('times=N cuts N times, then passes', async () => {
   await proxy.control('POST', '/cut?match=fp_times&times=2');
   for (let i = 0; i < 2; i++) {

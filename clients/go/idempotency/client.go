@@ -14,6 +14,7 @@ package idempotency
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,7 +104,8 @@ type Ticket struct {
 	CreatedAt     time.Time       // when the key was first claimed; zero when its claim has not committed yet
 }
 
-const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, body,
+// Bytes come back as hex text (see hexBytes).
+const claimSQL = `SELECT outcome, fence, attempt, status_code, headers, encode(body, 'hex'),
        recovery_point, recovery_state, retry_after, created_at
   FROM idempotency.claim($1, $2, $3, $4, $5, $6, $7)`
 
@@ -141,7 +143,7 @@ func scanTicket(row pgx.Row, p ClaimParams) (*Ticket, error) {
 		createdAt              *time.Time // NULL for a claim still being written by another transaction
 	)
 	err := row.Scan(&t.Outcome, &fence, &attempt, &status,
-		&headers, &t.Body, &recoveryPoint, &state, &retry, &createdAt)
+		&headers, hexBytes{&t.Body}, &recoveryPoint, &state, &retry, &createdAt)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: claim: %w", err)
 	}
@@ -263,10 +265,11 @@ type Record struct {
 	ExpiresAt      time.Time
 }
 
-// The lease in microseconds: database/sql reads an interval as text.
-const lookupSQL = `SELECT scope, key, fingerprint, state, attempt,
+// The lease in microseconds: database/sql reads an interval as text; bytes
+// as hex text (see hexBytes).
+const lookupSQL = `SELECT scope, key, encode(fingerprint, 'hex'), state, attempt,
        (extract(epoch FROM lease) * 1000000)::bigint, lease_expires_at,
-       recovery_point, recovery_state, status_code, headers, body,
+       recovery_point, recovery_state, status_code, headers, encode(body, 'hex'),
        created_at, completed_at, expires_at
   FROM idempotency.lookup($1, $2)`
 
@@ -281,9 +284,9 @@ func Lookup(ctx context.Context, db Querier, scope, key string) (*Record, error)
 		recoveryPoint         *string
 		headers, state        []byte
 	)
-	err := db.QueryRow(ctx, lookupSQL, unnamed(key, scope)...).Scan(&r.Scope, &r.Key, &r.Fingerprint,
+	err := db.QueryRow(ctx, lookupSQL, unnamed(key, scope)...).Scan(&r.Scope, &r.Key, hexBytes{&r.Fingerprint},
 		&r.State, &r.Attempt, &leaseMicros, &leaseEnd, &recoveryPoint, &state, &status, &headers,
-		&r.Body, &r.CreatedAt, &completedAt, &r.ExpiresAt)
+		hexBytes{&r.Body}, &r.CreatedAt, &completedAt, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -411,4 +414,32 @@ func deref[T any](p *T) T {
 		return zero
 	}
 	return *p
+}
+
+// hexBytes scans a column selected as encode(..., 'hex') into dst (nil for
+// NULL). The claim and lookup read bytea as hex text because their results
+// travel as text (QueryExecModeExec, database/sql), where bytea follows the
+// server's bytea_output, which a DBA may set to escape.
+type hexBytes struct{ dst *[]byte }
+
+// Scan decodes the hex text src.
+func (h hexBytes) Scan(src any) error {
+	var text string
+	switch v := src.(type) {
+	case nil:
+		*h.dst = nil
+		return nil
+	case string:
+		text = v
+	case []byte:
+		text = string(v)
+	default:
+		return fmt.Errorf("idempotency: hex bytes: unexpected %T", src)
+	}
+	decoded, err := hex.DecodeString(text)
+	if err != nil {
+		return fmt.Errorf("idempotency: hex bytes: %w", err)
+	}
+	*h.dst = decoded
+	return nil
 }

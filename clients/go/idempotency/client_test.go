@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 var ctx = context.Background()
@@ -24,7 +25,13 @@ func fp(amount string) []byte {
 // mustClaim claims and fails t on an error or an outcome other than want.
 func mustClaim(t *testing.T, p ClaimParams, want Outcome) *Ticket {
 	t.Helper()
-	ticket, err := Claim(ctx, pool, p)
+	return mustClaimOn(t, pool, p, want)
+}
+
+// mustClaimOn is mustClaim on db.
+func mustClaimOn(t *testing.T, db Querier, p ClaimParams, want Outcome) *Ticket {
+	t.Helper()
+	ticket, err := Claim(ctx, db, p)
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
@@ -360,5 +367,30 @@ func TestClaimToken(t *testing.T) {
 	}
 	if a, b := NewToken(), NewToken(); a == b || len(a) != 36 || a[14] != '4' || !strings.ContainsAny(a[19:20], "89ab") {
 		t.Fatalf("tokens %s and %s are not distinct UUIDs v4", a, b)
+	}
+}
+
+// TestBytesWhateverByteaOutput replays the body and looks up the
+// fingerprint through connections where a DBA set bytea_output = escape,
+// which changes how bytea travels as text.
+func TestBytesWhateverByteaOutput(t *testing.T) {
+	config := pool.Config().Copy()
+	config.ConnConfig.RuntimeParams["bytea_output"] = "escape"
+	escaped, err := pgxpool.NewWithConfig(ctx, config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer escaped.Close()
+	p := ClaimParams{Scope: "acct_e", Key: uniqueKey(t), Fingerprint: fp("7")}
+	body := []byte{0, '\\', 0x7f, 0xff, '\'', 'A'}
+	if _, err := mustClaimOn(t, escaped, p, New).Complete(ctx, escaped, 201, body, nil); err != nil {
+		t.Fatal(err)
+	}
+	if again := mustClaimOn(t, escaped, p, Replay); !bytes.Equal(again.Body, body) {
+		t.Fatalf("replay: body %q, want %q", again.Body, body)
+	}
+	r, err := Lookup(ctx, escaped, p.Scope, p.Key)
+	if err != nil || !bytes.Equal(r.Body, body) || !bytes.Equal(r.Fingerprint, p.Fingerprint) {
+		t.Fatalf("lookup: %+v, %v", r, err)
 	}
 }

@@ -258,16 +258,19 @@ func (g *guard) claim(ctx context.Context, p ClaimParams) (t *Ticket, err error)
 
 // beginClaim is claim in a new transaction (OneTransaction): BEGIN and the
 // claim, asked again the same way; a transaction whose answer was lost
-// ended with its connection.
-func (g *guard) beginClaim(ctx context.Context, p ClaimParams) (tx txn, t *Ticket, err error) {
+// ended with its connection, or ends when the server learns it is gone.
+// askedAgain: an earlier try's answer was lost.
+func (g *guard) beginClaim(ctx context.Context, p ClaimParams) (tx txn, t *Ticket, askedAgain bool, err error) {
+	tries := 0
 	err = g.retryLost(ctx, func() error {
+		tries++
 		t, err = inSpan(ctx, g.tracer, "claim", p.Key, func(ctx context.Context) (t *Ticket, err error) {
 			tx, t, err = g.db.beginClaim(ctx, p)
 			return t, err
 		}, claimOutcome)
 		return err
 	})
-	return tx, t, err
+	return tx, t, tries > 1, err
 }
 
 // retryLost runs ask until it gets an answer (an error with a server's
@@ -405,9 +408,13 @@ func (g *guard) runClaimed(w http.ResponseWriter, r *http.Request, next http.Han
 		if rec != nil { // the handler's work may have committed: ask whatever the client does
 			ctx, cancel = finishing(ctx)
 		}
-		tx, t, err := g.beginClaim(ctx, c.params)
+		tx, t, askedAgain, err := g.beginClaim(ctx, c.params)
 		cancel()
 		switch {
+		case err == nil && askedAgain && t.Outcome == InProgress:
+			g.rollback(tx)
+			g.heldByLostClaim(w, t)
+			return
 		case err != nil && rec != nil:
 			g.unknown(w, err)
 			return
@@ -621,6 +628,18 @@ func (g *guard) unavailable(w http.ResponseWriter, err error) {
 	g.opts.Logger.Printf("idempotency: %v", err)
 	writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable,
 		"the idempotency store is unavailable and this request was not carried out; retry later", 1)
+}
+
+// heldByLostClaim answers a claim asked again after its answer was lost,
+// in one transaction, that found the key in progress: most likely held by
+// that lost claim's own transaction, which never commits and lasts until
+// the server learns its connection is gone (a half-open connection). Not a
+// 409 for the request's own claim: a 503, nothing of it was kept.
+func (g *guard) heldByLostClaim(w http.ResponseWriter, t *Ticket) {
+	g.opts.Logger.Printf("idempotency: the claim asked again after its answer was lost found the key still held")
+	writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable,
+		"the connection to the idempotency store was lost while this request was claimed; "+
+			"nothing of it was kept; retry later", max(t.RetryAfter, 1))
 }
 
 // unknown answers a request whose COMMIT got no answer when the store cannot

@@ -398,7 +398,10 @@ function idempotency(pool, options = {}) {
           else await rollbackAndCheckin(db, err);
         }
         if (!(connectionLost(err) || statementsGone(err)) || attempt >= opts.retries) throw err;
-        if (connectionLost(err)) opts.log(`the claim's answer was lost (${err.message}); asking again`);
+        if (connectionLost(err)) {
+          c.claimLost = true;
+          opts.log(`the claim's answer was lost (${err.message}); asking again`);
+        }
       }
     }
   }
@@ -440,7 +443,7 @@ function idempotency(pool, options = {}) {
       return runHandler(req, res, next);
     }
     if (got.claim.outcome !== 'new') {
-      answer(res, got.claim); // the answer goes out first; the empty transaction ends after
+      answerClaimedAgain(res, c, got.claim); // the answer goes out first; the empty transaction ends after
       if (got.claim.outcome === 'replay') remember(c, got.claim);
       return got.open ? rollbackAndCheckin(got.db) : checkin(got.db);
     }
@@ -491,6 +494,7 @@ function idempotency(pool, options = {}) {
     } catch (err) {
       if (connectionLost(err)) {
         checkin(db, err);
+        c.claimLost = true;
         return recover(req, res, next, c, body, 1);
       }
       await rollbackAndCheckin(db, err);
@@ -594,7 +598,7 @@ function idempotency(pool, options = {}) {
     }
     // Asked again for a claim whose answer never came (first > 0: running
     // ahead, nothing of it committed): its answer is the claim's own.
-    if (first > 0 && claim.outcome !== 'new') return replaceWith(res, () => answer(res, claim));
+    if (first > 0 && claim.outcome !== 'new') return replaceWith(res, () => answerClaimedAgain(res, c, claim));
     if (claim.outcome === 'replay') {
       if (claim.statusCode === res.statusCode && claim.body !== null && body.equals(claim.body)) return true;
       return replaceWith(res, () => answer(res, claim));
@@ -714,6 +718,19 @@ function idempotency(pool, options = {}) {
       default:
         throw new Error(`unexpected claim outcome ${claim.outcome}`);
     }
+  }
+
+  // Answers a claim that did not win, asked again or not. One transaction:
+  // after a claim whose answer was lost, in_progress is most likely that
+  // claim's own transaction, which never commits and holds the key until
+  // the server learns its connection is gone (a half-open connection):
+  // not a 409 for the request's own claim, but a 503 (nothing was kept).
+  function answerClaimedAgain(res, c, claim) {
+    if (!(opts.oneTransaction && c.claimLost && claim.outcome === 'in_progress')) return answer(res, claim);
+    opts.log('the claim asked again after its answer was lost found the key still held; answering 503');
+    return problem(res, 503, 'idempotency_unavailable',
+      'The connection to the database was lost while this request was claimed; nothing of it was kept. Retry later.',
+      { 'Retry-After': String(claim.retryAfter) });
   }
 
   // Answers 400: the key is malformed or refused.

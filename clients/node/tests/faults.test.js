@@ -133,6 +133,17 @@ async function assertExactlyOnce(res, key, tag) {
   assert.deepEqual(await chargesOf(tag), ids);
 }
 
+// Waits (bounded) until no other backend's last statement names key.
+async function untilNoBackendHas(key) {
+  for (let i = 0; i < 100; i++) {
+    const { rows } = await direct.query(`SELECT count(*)::int AS n FROM pg_stat_activity
+      WHERE pid <> pg_backend_pid() AND strpos(query, $1) > 0`, [key]);
+    if (rows[0].n === 0) return;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  assert.fail(`a backend still holds ${key}`);
+}
+
 for (const setup of SETUPS) {
   test.describe(setup.name, () => {
     test.before(async () => { server = await startApp(setup); });
@@ -208,6 +219,26 @@ for (const setup of SETUPS) {
       assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
       await assertExactlyOnce(res, key, key);
       assertRuns(key, 1);
+    });
+
+    test('the claim cut on the app\'s side only (half-open): never a 409 for its own claim, never two charges', async () => {
+      const key = unique('half-open');
+      // The server keeps the connection, and the transaction it was in.
+      await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=statement&keep=server');
+      let res = await charge(key, key);
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+      if (setup.options.oneTransaction) {
+        // The claim never committed and holds the key until the server
+        // learns its connection is gone: asked again, a 503, nothing kept.
+        assert.equal(res.status, 503, res.body.toString());
+        assert.equal(res.json().code, 'idempotency_unavailable');
+        assert.deepEqual(await chargesOf(key), []);
+        await proxy.control('POST', '/drop');
+        await untilNoBackendHas(key); // rolled back
+        res = await charge(key, key);
+      }
+      await assertExactlyOnce(res, key, key);
+      await proxy.control('POST', '/drop');
     });
 
     test('every connection dropped and the next one refused: the request still runs once', async () => {

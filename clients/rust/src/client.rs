@@ -20,12 +20,14 @@ use crate::sql;
 use crate::telemetry::{call_span, traced};
 
 /// The columns a claim answers; times come back as microseconds since the
-/// epoch (no date crate needed).
-const CLAIM_COLUMNS: &str = "outcome, fence, attempt, status_code, headers, body, recovery_point, recovery_state,
+/// epoch (no date crate needed), bytes as hex text: these queries answer in
+/// text, where bytea follows the server's `bytea_output` (a DBA may set
+/// `escape`), and `encode` does not.
+const CLAIM_COLUMNS: &str = "outcome, fence, attempt, status_code, headers, encode(body, 'hex'), recovery_point, recovery_state,
         retry_after, (extract(epoch FROM created_at) * 1000000)::int8";
-const LOOKUP_COLUMNS: &str = "scope, key, fingerprint, state, attempt,
+const LOOKUP_COLUMNS: &str = "scope, key, encode(fingerprint, 'hex'), state, attempt,
         (extract(epoch FROM lease) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8,
-        recovery_point, recovery_state, status_code, headers, body,
+        recovery_point, recovery_state, status_code, headers, encode(body, 'hex'),
         (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM completed_at) * 1000000)::int8,
         (extract(epoch FROM expires_at) * 1000000)::int8";
 
@@ -216,7 +218,7 @@ where
     Ok(Some(Record {
         scope: row.try_get(0)?,
         key: row.try_get(1)?,
-        fingerprint: row.try_get(2)?,
+        fingerprint: bytes(&row, 2)?.unwrap_or_default(),
         state: if state == "completed" { State::Completed } else { State::InProgress },
         attempt: row.try_get(4)?,
         lease: row.try_get::<Option<i64>, _>(5)?.map(|us| Duration::from_micros(us.max(0) as u64)),
@@ -335,12 +337,21 @@ fn time(micros: i64) -> SystemTime {
 fn stored_response(row: &PgRow, first: usize) -> Result<Option<StoredResponse>, Error> {
     let status_code: Option<i32> = row.try_get(first)?;
     let headers: Option<Value> = row.try_get(first + 1)?;
-    let body: Option<Vec<u8>> = row.try_get(first + 2)?;
+    let body = bytes(row, first + 2)?;
     Ok(status_code.map(|code| StoredResponse {
         status_code: code as u16,
         headers: headers.as_ref().map(headers_from_json).unwrap_or_default(),
         body: body.unwrap_or_default(),
     }))
+}
+
+/// The bytes of a column selected as `encode(..., 'hex')`.
+fn bytes(row: &PgRow, index: usize) -> Result<Option<Vec<u8>>, Error> {
+    let hex: Option<&str> = row.try_get(index)?;
+    hex.map(|hex| {
+        sql::from_hex(hex).ok_or_else(|| Error::Database(sqlx::Error::Decode(format!("column {index} is not hex").into())))
+    })
+    .transpose()
 }
 
 /// Writes headers as the extension stores them: an object of strings, or of

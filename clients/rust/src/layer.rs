@@ -331,8 +331,8 @@ impl IdempotencyLayer {
         let mut lost: Option<Option<(response::Parts, Bytes)>> = None;
         for _ in 0..MAX_RUNS {
             let (owner, transaction) = match self.claim(&key, &request_fingerprint, &options).await {
-                Ok((Outcome::New(owner), transaction)) => (owner, transaction),
-                Ok((Outcome::Replay { response, .. }, _)) => {
+                Ok((Outcome::New(owner), transaction, _)) => (owner, transaction),
+                Ok((Outcome::Replay { response, .. }, _, _)) => {
                     return Ok(match lost.flatten() {
                         // It committed: the handler's answer is this request's first.
                         Some((head, body)) => Response::from_parts(head, full(body)),
@@ -340,9 +340,17 @@ impl IdempotencyLayer {
                     });
                 }
                 // The lease ended and another request took over: this run rolled back.
-                Ok((Outcome::InProgress { .. }, _)) if lost.is_some() => return Ok(Problem::ClaimLost.response()),
-                Ok((Outcome::InProgress { retry_after }, _)) => return Ok(Problem::InProgress { retry_after }.response()),
-                Ok((Outcome::Mismatch { .. }, _)) => return Ok(Problem::Mismatch.response()),
+                Ok((Outcome::InProgress { .. }, _, _)) if lost.is_some() => return Ok(Problem::ClaimLost.response()),
+                // One transaction: after a claim whose answer was lost, the
+                // key is most likely held by that claim's own transaction,
+                // which never commits and lasts until the server learns its
+                // connection is gone (half-open). Not a 409 for its own claim.
+                Ok((Outcome::InProgress { retry_after }, _, true)) if self.one_transaction => {
+                    tracing::warn!("idempotency: the claim asked again after its answer was lost found the key still held");
+                    return Ok(Problem::ClaimHeld { retry_after }.response());
+                }
+                Ok((Outcome::InProgress { retry_after }, _, _)) => return Ok(Problem::InProgress { retry_after }.response()),
+                Ok((Outcome::Mismatch { .. }, _, _)) => return Ok(Problem::Mismatch.response()),
                 Err(Error::InvalidArgument(_)) => {
                     return Ok(Problem::KeyInvalid("The Idempotency-Key is not one the store accepts.").response());
                 }
@@ -378,10 +386,10 @@ impl IdempotencyLayer {
     }
 
     /// Claims on a connection of the pool; a claim whose answer was lost is
-    /// asked again (with the same token) on another connection. With
-    /// `one_transaction`, the claim is made in a transaction, kept open for
-    /// the handler when it answers `new`.
-    async fn claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>), Error> {
+    /// asked again (with the same token) on another connection, and then
+    /// the answer says so (`true`). With `one_transaction`, the claim is
+    /// made in a transaction, kept open for the handler when it answers `new`.
+    async fn claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>, bool), Error> {
         let mut attempt = 1;
         loop {
             let result = if self.one_transaction {
@@ -395,7 +403,7 @@ impl IdempotencyLayer {
                     tokio::time::sleep(CLAIM_BACKOFF * 2u32.pow(attempt - 1)).await;
                     attempt += 1;
                 }
-                result => return result,
+                result => return result.map(|(outcome, transaction)| (outcome, transaction, attempt > 1)),
             }
         }
     }

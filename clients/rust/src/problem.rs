@@ -18,6 +18,7 @@ pub(crate) enum Problem {
     InProgress { retry_after: u32 },
     Mismatch,
     ClaimLost,
+    ClaimHeld { retry_after: u32 },
     Unavailable,
     RolledBack,
     Interrupted,
@@ -71,6 +72,13 @@ impl Problem {
                 "idempotency_claim_lost",
                 "This request ran past its lease and a retry took it over; its work was rolled back.",
             ),
+            Problem::ClaimHeld { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable",
+                "idempotency_unavailable",
+                "The connection to the idempotency store was lost while this request was claimed; \
+                 nothing of it was kept; retry later.",
+            ),
             Problem::Unavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Service Unavailable",
@@ -123,7 +131,7 @@ impl Problem {
     /// The Retry-After this problem asks for, if any.
     fn retry_after(&self) -> Option<u32> {
         match self {
-            Problem::InProgress { retry_after } => Some(*retry_after),
+            Problem::InProgress { retry_after } | Problem::ClaimHeld { retry_after } => Some(*retry_after),
             Problem::ClaimLost
             | Problem::Unavailable
             | Problem::RolledBack

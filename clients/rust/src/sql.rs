@@ -47,6 +47,16 @@ pub(crate) fn bytea(value: Option<&[u8]>) -> String {
     literal
 }
 
+/// The bytes that `encode(..., 'hex')` wrote; `None` if it is not hex.
+pub(crate) fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    let digits = hex.as_bytes();
+    if digits.len() % 2 != 0 {
+        return None;
+    }
+    let nibble = |digit: u8| (digit as char).to_digit(16).map(|value| value as u8);
+    digits.chunks_exact(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
+}
+
 /// An interval literal of exactly this many microseconds; `NULL` for `None`.
 pub(crate) fn interval(value: Option<Duration>) -> String {
     match value {
@@ -83,5 +93,13 @@ mod tests {
     fn bytea_is_hex() {
         assert_eq!(bytea(Some(&[0, 0xab, 0x10])), r"E'\\x00ab10'::bytea");
         assert_eq!(bytea(Some(&[])), r"E'\\x'::bytea");
+    }
+
+    #[test]
+    fn from_hex_reads_what_encode_writes() {
+        assert_eq!(from_hex("00ab10FF"), Some(vec![0, 0xab, 0x10, 0xff]));
+        assert_eq!(from_hex(""), Some(vec![]));
+        assert_eq!(from_hex("abc"), None);
+        assert_eq!(from_hex("zz"), None);
     }
 }

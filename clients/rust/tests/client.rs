@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{connect, connect_one, count_rows, create_table, unique};
+use common::{connect, connect_one, count_rows, create_table, pool_with_settings, unique};
 use sqlx::PgPool;
 use pg_idempotency::{claim, fingerprint, lookup, ClaimOptions, Completion, Error, Outcome, Owner, State};
 use serde_json::json;
@@ -54,6 +54,24 @@ async fn a_completed_claim_replays_its_response() {
     }
     // Another scope is another key.
     claim_new(&db, &key, &fp, &scoped("tenant-b")).await;
+}
+
+#[tokio::test]
+async fn bytes_come_back_whatever_bytea_output_the_database_sets() {
+    // A DBA's `bytea_output = escape` (per database or role) changes how
+    // bytea travels as text; the replayed body and the looked-up
+    // fingerprint must not change with it.
+    let db = pool_with_settings(&[("bytea_output", "escape")]);
+    let (key, options) = (unique("escape"), scoped("tenant-e"));
+    let fp = fingerprint("POST", "/payments", Some(b"\\x41"), None);
+    let body = b"\x00\\\x7f\xff'\x41";
+    claim_new(&db, &key, &fp, &options).await.complete(&db, 201, &[], body).await.unwrap();
+    match claim(&db, &key, &fp, &options).await.unwrap() {
+        Outcome::Replay { response, .. } => assert_eq!(response.body, body),
+        other => panic!("expected replay, got {:?}", other),
+    }
+    let record = lookup(&db, &key, Some("tenant-e")).await.unwrap().unwrap();
+    assert_eq!((record.fingerprint, record.response.unwrap().body), (fp.to_vec(), body.to_vec()));
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import List, Optional
+from typing import List, Optional, Tuple
 from urllib.parse import quote
 
 import psycopg
@@ -66,7 +66,7 @@ class IdempotencyMiddleware:
             claim_scope = contract.claim_scope(self.options, scope, headers)
             pending = contract.Pending(key, claim_scope, None, uuid.uuid4(), _fingerprint(scope, body))
             try:
-                claim = await self._claim(held, pending)
+                claim, asked_again = await self._claim(held, pending)
             except psycopg.Error as err:
                 refusal = contract.refused_key(err)
                 if refusal or not self.options.fail_open:
@@ -75,7 +75,7 @@ class IdempotencyMiddleware:
                 pending = contract.Pending()
                 await held.give_back()   # its transaction may be aborted
             else:
-                answer = contract.answer_claim(claim)
+                answer = contract.answer_claim(claim, asked_again and self.options.one_transaction)
                 if answer:
                     return answer
                 pending = pending._replace(fence=claim.fence)
@@ -121,7 +121,7 @@ class IdempotencyMiddleware:
                     return contract.unavailable(err)
                 lost = err
             try:
-                claim = await self._claim(held, pending)
+                claim, _ = await self._claim(held, pending)
             except psycopg.Error as err:
                 return contract.outcome_unknown(err)
             if claim.outcome != "new":
@@ -131,18 +131,19 @@ class IdempotencyMiddleware:
         await self._abandon(held.conn, pending)
         return contract.outcome_unknown(lost)
 
-    async def _claim(self, held: "_Held", pending: contract.Pending) -> Claim:
+    async def _claim(self, held: "_Held", pending: contract.Pending) -> Tuple[Claim, bool]:
         """Claims with the request's token on a fresh connection, committed at
         once (with one transaction: BEGIN and the claim, in one round trip,
         left open for the app); when the answer is lost, asks again on
-        another (contract.CLAIM_BACKOFF)."""
-        for pause in (*contract.CLAIM_BACKOFF, None):
+        another (contract.CLAIM_BACKOFF). Returns the claim and whether it
+        was asked again."""
+        for tries, pause in enumerate((*contract.CLAIM_BACKOFF, None)):
             try:
                 return await self.client.claim(
                     pending.key, pending.fingerprint, scope=pending.scope, lease=self.options.lease,
                     retention=self.options.retention, wait=self.options.wait, token=pending.token,
                     conn=await held.take(), commit=not self.options.one_transaction,
-                    begin=True)
+                    begin=True), tries > 0
             except psycopg.Error as err:
                 if pause is None or not contract.answer_lost(err):
                     raise

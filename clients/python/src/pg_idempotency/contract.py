@@ -304,8 +304,10 @@ def unfinished(status: int) -> bool:
     return False
 
 
-def answer_claim(claim: Claim) -> Optional[Answer]:
-    """Answers a claim that did not win (replay, in_progress, mismatch); None for new."""
+def answer_claim(claim: Claim, asked_again: bool = False) -> Optional[Answer]:
+    """Answers a claim that did not win (replay, in_progress, mismatch); None
+    for new. asked_again: with one transaction, the claim was asked again
+    after an answer was lost (see held_by_lost_attempt)."""
     if claim.outcome == "new":
         return None
     if claim.outcome == "replay":
@@ -313,10 +315,24 @@ def answer_claim(claim: Claim) -> Optional[Answer]:
         headers.append(("Idempotent-Replayed", "true"))
         return Answer(claim.status_code, headers, bytes(claim.body or b""))
     if claim.outcome == "in_progress":
+        if asked_again:
+            return held_by_lost_attempt(claim)
         return problem("idempotency_key_in_progress", retry_after=claim.retry_after or 1)
     if claim.outcome == "mismatch":
         return problem("idempotency_key_mismatch")
     raise ValueError(f"unknown claim outcome {claim.outcome!r}")
+
+
+def held_by_lost_attempt(claim: Claim) -> Answer:
+    """With one transaction, a claim asked again after an answer was lost
+    that found the key in progress: most likely held by the lost attempt's
+    own transaction, which never commits and lasts until the server learns
+    its connection is gone (a half-open connection). Not a 409 for the
+    request's own claim: a 503, nothing of it was kept."""
+    log.warning("idempotency: a claim asked again after a lost answer found the key still held")
+    return problem("idempotency_unavailable",
+                   "The connection to the idempotency store was lost while this request was claimed; "
+                   "nothing of it was kept; retry later.", retry_after=claim.retry_after or 1)
 
 
 def _header_pairs(stored: dict) -> Iterable[Tuple[str, str]]:

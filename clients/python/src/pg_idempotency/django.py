@@ -61,6 +61,7 @@ class _Step(NamedTuple):
     response: Optional[HttpResponse] = None
     pending: Optional[contract.Pending] = None
     lost: Optional[DatabaseError] = None
+    claim_lost: bool = False   # one transaction: the answer lost was the claim's
 
 
 class IdempotencyMiddleware:
@@ -95,8 +96,9 @@ class IdempotencyMiddleware:
         answer, pending = self._begin(request)
         if answer is not None:
             return answer
+        step = _Step()
         for _ in range(1 + contract.RERUNS):
-            step = self._settle(request, pending, self._attempt(request, pending))
+            step = self._settle(request, pending, self._attempt(request, pending, again=step.claim_lost))
             if step.response is not None:
                 return step.response
             pending = step.pending
@@ -117,8 +119,9 @@ class IdempotencyMiddleware:
             raise
         if answer is not None:
             return answer
+        step = _Step()
         for _ in range(1 + contract.RERUNS):
-            attempt = await self._aattempt(request, pending)
+            attempt = await self._aattempt(request, pending, again=step.claim_lost)
             step = await sync_to_async(self._settle)(request, pending, attempt)
             if step.response is not None:
                 return step.response
@@ -160,13 +163,14 @@ class IdempotencyMiddleware:
             return _response(answer), None
         return None, pending._replace(fence=claim.fence)
 
-    def _attempt(self, request, pending: contract.Pending) -> _Attempt:
+    def _attempt(self, request, pending: contract.Pending, again: bool = False) -> _Attempt:
         """Runs the view in a transaction that commits with its stored response
-        (with one transaction, after the claim in that transaction)."""
+        (with one transaction, after the claim in that transaction; again:
+        the claim of the attempt before lost its answer)."""
         attempt = _Attempt(pending=pending)
         try:
             with transaction.atomic(using=self.using):
-                attempt = self._claim_in_block(pending)
+                attempt = self._claim_in_block(pending, again)
                 if attempt.settled or attempt.unguarded:
                     return attempt
                 pending = attempt.pending
@@ -176,7 +180,7 @@ class IdempotencyMiddleware:
         except DatabaseError as err:
             return attempt._replace(error=err)
 
-    async def _aattempt(self, request, pending: contract.Pending) -> _Attempt:
+    async def _aattempt(self, request, pending: contract.Pending, again: bool = False) -> _Attempt:
         """As _attempt, the view awaited between entering and leaving the
         block on the request's thread; a view cancelled or raising past
         Django rolls back and releases the key."""
@@ -184,7 +188,7 @@ class IdempotencyMiddleware:
         await sync_to_async(atomic.__enter__)()
         attempt = _Attempt(pending=pending)
         try:
-            attempt = await sync_to_async(self._claim_in_block)(pending)
+            attempt = await sync_to_async(self._claim_in_block)(pending, again)
             if not (attempt.settled or attempt.unguarded):
                 pending = attempt.pending
                 response = await self.get_response(request)
@@ -203,11 +207,12 @@ class IdempotencyMiddleware:
             return attempt._replace(error=err)
         return attempt
 
-    def _claim_in_block(self, pending: contract.Pending) -> _Attempt:
-        """With one transaction, in the view's block: claims the key. Returns
-        the attempt to go on with (its pending holds the fence), or one
-        settled by the claim's answer (its transaction rolls back), or one
-        to run unguarded; raises when the claim's answer is lost."""
+    def _claim_in_block(self, pending: contract.Pending, again: bool = False) -> _Attempt:
+        """With one transaction, in the view's block: claims the key (again:
+        after a claim whose answer was lost). Returns the attempt to go
+        on with (its pending holds the fence), or one settled by the claim's
+        answer (its transaction rolls back), or one to run unguarded; raises
+        when the claim's answer is lost."""
         if not (self.options.one_transaction and pending.key is not None):
             return _Attempt(pending=pending)
         try:
@@ -221,7 +226,7 @@ class IdempotencyMiddleware:
                 return _Attempt(_response(refusal or contract.unavailable(err)), settled=True)
             contract.log.error("idempotency: running unguarded: %s", err)
             return _Attempt(unguarded=True)
-        answer = contract.answer_claim(claim)
+        answer = contract.answer_claim(claim, asked_again=again)
         if answer:
             transaction.set_rollback(True, using=self.using)
             return _Attempt(_response(answer), settled=True)
@@ -292,7 +297,7 @@ class IdempotencyMiddleware:
             return _Step(_response(contract.unavailable(err)))
         connections[self.using].close()
         contract.log.warning("idempotency: the transaction of %r lost its answer; claiming again", pending.key)
-        return _Step(None, pending._replace(fence=None), err)
+        return _Step(None, pending._replace(fence=None), err, claim_lost=pending.fence is None)
 
     def _give_up(self, step: _Step) -> HttpResponse:
         """After contract.RERUNS COMMITs that rolled back: releases the key, 503."""

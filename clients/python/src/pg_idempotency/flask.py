@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Optional
+from typing import Optional, Tuple
 
 import psycopg
 from flask import Response, current_app, g, request
@@ -60,11 +60,11 @@ class Idempotency:
         scope = contract.claim_scope(self.options, request, headers)
         pending = contract.Pending(key, scope, None, uuid.uuid4(), _fingerprint())
         try:
-            claim = self._claim(pending)
+            claim, asked_again = self._claim(pending)
         except psycopg.Error as err:
             refusal = contract.refused_key(err)
             return _response(refusal) if refusal else self._unguarded(err)
-        answer = contract.answer_claim(claim)
+        answer = contract.answer_claim(claim, asked_again and self.options.one_transaction)
         if answer:
             return _response(answer)
         g.idempotency = pending._replace(fence=claim.fence)
@@ -95,18 +95,18 @@ class Idempotency:
             pass  # a broken connection: the pool discards it
         self.pool.putconn(conn)
 
-    def _claim(self, pending: contract.Pending) -> Claim:
+    def _claim(self, pending: contract.Pending) -> Tuple[Claim, bool]:
         """Claims with the request's token on a fresh g.db, committed at once
         (with one transaction: BEGIN and the claim, in one round trip, left
         open for the view); when the answer is lost, asks again on another
-        (contract.CLAIM_BACKOFF)."""
-        for pause in (*contract.CLAIM_BACKOFF, None):
+        (contract.CLAIM_BACKOFF). Returns the claim and whether it was asked again."""
+        for tries, pause in enumerate((*contract.CLAIM_BACKOFF, None)):
             try:
                 return self.client.claim(pending.key, pending.fingerprint, scope=pending.scope,
                                          lease=self.options.lease, retention=self.options.retention,
                                          wait=self.options.wait, token=pending.token,
                                          conn=self._take(), commit=not self.options.one_transaction,
-                                         begin=True)
+                                         begin=True), tries > 0
             except psycopg.Error as err:
                 if pause is None or not contract.answer_lost(err):
                     raise
@@ -168,7 +168,7 @@ class Idempotency:
                     return _response(contract.unavailable(err))
                 lost = err
             try:
-                claim = self._claim(pending)
+                claim, _ = self._claim(pending)
             except psycopg.Error as again:
                 return _done(_response(contract.outcome_unknown(again)))
             if claim.outcome != "new":

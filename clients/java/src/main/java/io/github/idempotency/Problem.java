@@ -77,6 +77,20 @@ public record Problem(int status, String code, String detail, int retryAfter) {
 	}
 
 	/**
+	 * 503 {@code idempotency_unavailable}, one transaction: a claim asked again after its answer was
+	 * lost found the key still held, most likely by that lost claim's own transaction (it never
+	 * commits, and lasts until the server learns its connection is gone). Nothing of it was kept.
+	 *
+	 * @param retryAfter seconds the claim said to wait
+	 * @return the problem
+	 */
+	public static Problem claimHeld(int retryAfter) {
+		return new Problem(503, "idempotency_unavailable",
+				"the connection to the idempotency store was lost while this request was claimed; "
+						+ "nothing of it was kept; retry later", Math.max(1, retryAfter));
+	}
+
+	/**
 	 * 503 {@code idempotency_unavailable}: whether the request took effect is not known.
 	 *
 	 * @return the problem

@@ -178,7 +178,16 @@ public class IdempotencyFilter extends HttpFilter {
 			run(req, res, chain, body, new Claimed(claim, ticket, result.tx()));
 		} else {
 			try {
-				answer(res, result.result());
+				if (options.oneTransaction() && result.askedAgain()
+						&& result.result() instanceof ClaimResult.InProgress busy) {
+					// One transaction: most likely held by the lost claim's own transaction, which
+					// never commits (a half-open connection): not a 409 for the request's own claim.
+					LOG.log(Level.WARNING, "idempotency: the claim asked again after its answer was lost "
+							+ "found the key still held");
+					problem(res, Problem.claimHeld(busy.retryAfter()));
+				} else {
+					answer(res, result.result());
+				}
 				if (result.tx() != null) {
 					res.flushBuffer(); // one transaction: the answer goes out, then the empty transaction ends
 				}
@@ -189,9 +198,10 @@ public class IdempotencyFilter extends HttpFilter {
 	}
 
 	/**
-	 * A claim's answer; with one transaction, the transaction it ran in, open (the handler's when new).
+	 * A claim's answer; with one transaction, the transaction it ran in, open (the handler's when new),
+	 * and whether it was asked again after a lost answer.
 	 */
-	private record Claim(ClaimResult result, RequestTransactions.RequestTransaction tx) {
+	private record Claim(ClaimResult result, RequestTransactions.RequestTransaction tx, boolean askedAgain) {
 		/** Ends the transaction, if any. */
 		void rollback() {
 			if (tx != null) {
@@ -229,10 +239,10 @@ public class IdempotencyFilter extends HttpFilter {
 			RequestTransactions.RequestTransaction tx = null;
 			try {
 				if (!options.oneTransaction()) {
-					return new Claim(Idempotency.claim(dataSource, claim, options.tracer()), null);
+					return new Claim(Idempotency.claim(dataSource, claim, options.tracer()), null, attempt > 1);
 				}
 				tx = transactions.begin();
-				return new Claim(Idempotency.claim(tx.connection(), claim, options.tracer()), tx);
+				return new Claim(Idempotency.claim(tx.connection(), claim, options.tracer()), tx, attempt > 1);
 			} catch (RuntimeException e) {
 				if (tx != null) {
 					tx.rollback();
