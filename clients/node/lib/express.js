@@ -153,6 +153,15 @@ function holdResponse(res, onEnd) {
   };
 }
 
+// True for a wait above zero: a number of milliseconds, or an interval's
+// text with a digit other than 0 and nothing that negates it (a minus sign,
+// "ago"): the extension would refuse a negative wait at every claim.
+function positive(wait) {
+  if (typeof wait === 'number') return wait > 0;
+  const text = String(wait);
+  return /[1-9]/.test(text) && !/-|ago/i.test(text);
+}
+
 // True when err is not the server's answer to a statement but a lost
 // connection (a socket error, "Connection terminated unexpectedly", a
 // connection-class or shutdown SQLSTATE): what the statement did is not known.
@@ -264,7 +273,7 @@ function idempotency(pool, options = {}) {
   });
   const { tracer } = client;
   const wait = opts.wait ?? (opts.oneTransaction ? ONE_TRANSACTION_WAIT : null);
-  if (opts.oneTransaction && !(typeof wait === 'number' ? wait > 0 : /[1-9]/.test(String(wait))))
+  if (opts.oneTransaction && !positive(wait))
     throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
       '(a duplicate would otherwise wait for the first without a bound)');
   const cache = opts.cache ? new ReplayCache(opts.cache === true ? {} : opts.cache) : null;

@@ -163,6 +163,12 @@ twoTransactionsOnly('a retry while the first runs is 409 idempotency_key_in_prog
   assert.equal(await charges(tag), 1);
 });
 
+oneTransactionOnly('one transaction needs a positive wait: zero or negative is refused when mounted', () => {
+  for (const wait of [0, -5, '0 seconds', '-2 seconds', '1 second ago'])
+    assert.throws(() => idempotency(pool, { ...mode, wait }), /oneTransaction needs a positive wait/, String(wait));
+  assert.doesNotThrow(() => idempotency(pool, { ...mode, wait: '500 milliseconds' }));
+});
+
 oneTransactionOnly('one transaction: a retry while the first runs waits for it and replays what committed', async () => {
   const tag = unique('waits');
   const key = unique('k');

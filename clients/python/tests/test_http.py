@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import threading
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -354,7 +355,9 @@ def test_one_transaction_a_duplicate_is_409_when_its_wait_ends_even_after_the_le
 
 
 def test_one_transaction_needs_a_positive_wait():
-    with pytest.raises(ValueError, match="positive wait"):
-        Options(one_transaction=True, wait="0 seconds")
+    for wait in ("0 seconds", "-2 seconds", "1 second ago", timedelta(seconds=-1), timedelta(0)):
+        with pytest.raises(ValueError, match="positive wait"):
+            Options(one_transaction=True, wait=wait)
+    assert Options(one_transaction=True, wait=timedelta(milliseconds=500)).wait == timedelta(milliseconds=500)
     assert Options(one_transaction=True).wait == "2 seconds"
     assert Options().wait is None

@@ -107,10 +107,13 @@ ONE_TRANSACTION_WAIT = "2 seconds"
 
 
 def _positive(interval: Interval) -> bool:
-    """True for a timedelta above zero, or an interval's text with a digit other than 0."""
+    """True for a timedelta above zero, or an interval's text with a digit
+    other than 0 and nothing that negates it (a minus sign, "ago"): the
+    extension would refuse a negative wait at every claim."""
     if isinstance(interval, timedelta):
         return interval > timedelta(0)
-    return any(c in "123456789" for c in str(interval))
+    text = str(interval)
+    return any(c in "123456789" for c in text) and "-" not in text and "ago" not in text.lower()
 
 
 def parse_key(values: Sequence[str]) -> Optional[str]:
