@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from conftest import DATABASE_URL
 from helpers import ALICE, BOB, assert_problem, pgbouncer, scope_of, value, wait_for
+from pg_idempotency import contract
 
 
 def configure():
@@ -330,11 +331,14 @@ def test_a_claim_lost_while_the_view_ran_rolls_back_and_is_409(client, admin, mo
     assert value(admin, "SELECT count(*) FROM charges") == 0
 
 
-def test_an_unreachable_database_is_503_and_nothing_runs(admin):
-    with override_settings(IDEMPOTENCY={"using": "down"}):
+@pytest.mark.parametrize("one_transaction", [False, True])
+def test_an_unreachable_database_is_503_and_nothing_runs(admin, one_transaction):
+    with override_settings(IDEMPOTENCY={"using": "down", "one_transaction": one_transaction}):
         down = pay(DjangoClient(), "down-1")
     assert_problem(down, 503, "idempotency_unavailable")
     assert down["Retry-After"] == "1"
+    # Not "the outcome is not known": no claim was ever answered.
+    assert json.loads(down.content)["detail"] == contract.PROBLEMS["idempotency_unavailable"][1]
     assert value(admin, "SELECT count(*) FROM charges") == 0
 
 

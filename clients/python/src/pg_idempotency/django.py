@@ -96,13 +96,18 @@ class IdempotencyMiddleware:
         answer, pending = self._begin(request)
         if answer is not None:
             return answer
-        step = _Step()
+        step, may_have_run = _Step(), False
         for _ in range(1 + contract.RERUNS):
             step = self._settle(request, pending, self._attempt(request, pending, again=step.claim_lost))
             if step.response is not None:
                 return step.response
+            may_have_run = may_have_run or not step.claim_lost
             pending = step.pending
-        return self._give_up(step)
+        if not may_have_run and self.options.fail_open:
+            contract.log.error("idempotency: running unguarded: %s", step.lost)
+            unguarded = contract.Pending()
+            return self._settle(request, unguarded, self._attempt(request, unguarded)).response
+        return self._give_up(step, may_have_run)
 
     async def __acall__(self, request):
         """Serves one request under ASGI: as __call__, the view awaited."""
@@ -119,14 +124,20 @@ class IdempotencyMiddleware:
             raise
         if answer is not None:
             return answer
-        step = _Step()
+        step, may_have_run = _Step(), False
         for _ in range(1 + contract.RERUNS):
             attempt = await self._aattempt(request, pending, again=step.claim_lost)
             step = await sync_to_async(self._settle)(request, pending, attempt)
             if step.response is not None:
                 return step.response
+            may_have_run = may_have_run or not step.claim_lost
             pending = step.pending
-        return await sync_to_async(self._give_up)(step)
+        if not may_have_run and self.options.fail_open:
+            contract.log.error("idempotency: running unguarded: %s", step.lost)
+            unguarded = contract.Pending()
+            attempt = await self._aattempt(request, unguarded)
+            return (await sync_to_async(self._settle)(request, unguarded, attempt)).response
+        return await sync_to_async(self._give_up)(step, may_have_run)
 
     def process_exception(self, request, exception):
         """Notes that the view raised: its key is released whatever Django answers."""
@@ -299,8 +310,12 @@ class IdempotencyMiddleware:
         contract.log.warning("idempotency: the transaction of %r lost its answer; claiming again", pending.key)
         return _Step(None, pending._replace(fence=None), err, claim_lost=pending.fence is None)
 
-    def _give_up(self, step: _Step) -> HttpResponse:
-        """After contract.RERUNS COMMITs that rolled back: releases the key, 503."""
+    def _give_up(self, step: _Step, may_have_run: bool) -> HttpResponse:
+        """After contract.RERUNS attempts that lost their answers: 503. When
+        only claims lost theirs (one transaction), nothing ran; else the key
+        is released, and whether the request took effect is not known."""
+        if not may_have_run:
+            return _response(contract.unavailable(step.lost))
         self._abandon(step.pending)
         return _response(contract.outcome_unknown(step.lost))
 
