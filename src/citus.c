@@ -147,12 +147,20 @@ static bool api_oids_valid = false;
 
 static create_upper_paths_hook_type prev_create_upper_paths_hook = NULL;
 
-/* Forgets the shard map when Citus (or DDL) invalidates idempotency.keys. */
+/*
+ * Forgets the shard map when Citus (or DDL) invalidates idempotency.keys,
+ * and the description of a local shard when its own relation is
+ * invalidated (a DBA's ALTER TABLE on the shard itself).
+ */
 static void
 map_invalidate(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == map.keys_relid)
 		map.valid = false;
+	else if (map.valid)
+		for (int i = 0; i < map.nshards; i++)
+			if (map.shards[i].described && map.shards[i].rel.relid == relid)
+				map.shards[i].described = false;
 }
 
 /*

@@ -108,6 +108,8 @@ typedef struct RelFacts
 {
 	Oid			relid;
 	AttrNumber	att[IDEM_NUM_COLS];
+	Oid			scope_type;		/* the scope column's type and collation */
+	Oid			scope_collation;
 	int			direct;
 } RelFacts;
 
@@ -197,8 +199,9 @@ make_room_for_index_infos(int n)
 /*
  * Returns the facts of rel, the call's relation, open with its indexes;
  * raises 42804 when a column's type changed (catalog.c), and 40001 when its
- * columns moved since the call described it (within a transaction that
- * had not yet seen the change).
+ * columns moved, or its scope column took another type or collation, since
+ * the call described it (within a transaction that had not yet seen the
+ * change): the call's scope value is of the type it described.
  */
 static RelFacts *
 facts_of(const IdemCall *call, Relation rel)
@@ -219,9 +222,12 @@ facts_of(const IdemCall *call, Relation rel)
 		f = &rel_facts[rel_facts_count++];
 		f->relid = RelationGetRelid(rel);
 		memcpy(f->att, described.att, sizeof(f->att));
+		f->scope_type = described.scope.type;
+		f->scope_collation = described.scope.collation;
 		f->direct = -1;
 	}
-	if (memcmp(f->att, call->rel.att, sizeof(f->att)) != 0)
+	if (memcmp(f->att, call->rel.att, sizeof(f->att)) != 0 ||
+		f->scope_type != call->rel.scope.type || f->scope_collation != call->rel.scope.collation)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("the columns of %s changed during the transaction", call->rel.name),

@@ -13,7 +13,8 @@
 # an undelegated call is IK002; the records follow their tenant through a
 # shard move.  For bigint, a node added later: its table gets the tenant's
 # type from the next citus_distribute (before that, a call there is refused
-# rather than hashed as text), and takes the tenant's shard.
+# rather than hashed as text), and takes the tenant's shard; and a DBA's
+# ALTER TABLE on a shard itself is seen by a session that had used it.
 
 use strict;
 use warnings FATAL => 'all';
@@ -152,6 +153,7 @@ sub tenant_checks
 
 	full_checks($coord, $workers, $t) if $t->{full};
 	added_node_checks($coord, $workers, $t) if $t->{add_node};
+	shard_altered_checks($coord, $workers, $t) if $t->{add_node};
 
 	ok(!grep({ citus_crashed($_) } ($coord, @$workers)), 'no backend crashed');
 	citus_stop($coord, $workers);
@@ -287,5 +289,33 @@ sub added_node_checks
 		  . ':' . $new->safe_psql('postgres',
 			"SELECT count(*) FROM idempotency.keys_$shard WHERE key = 'on-new'"),
 		'new:1', 'and a new claim is written there');
+	return;
+}
+
+# A DBA's ALTER TABLE on a shard itself, its scope column made text (as a
+# shard made before citus_distribute has it): a session on its worker that
+# had claimed there reads the shard's columns again, and its next claim is
+# written as text: never the old type's value in the new column.
+sub shard_altered_checks
+{
+	my ($coord, $workers, $t) = @_;
+	my $tenant = $t->{ids}[3];
+	my $shard = citus_shard_of($coord, $tenant);
+	my $home = citus_worker_of($coord, $workers, $tenant);
+	my $session = $home->background_psql('postgres');
+	my $claim = sub {
+		$session->query_safe(qq{SELECT outcome FROM idempotency.claim('$_[0]', '\\x01', '$tenant')});
+	};
+
+	is($claim->('altered-before'), 'new', 'a claim on the worker, in the tenant\'s shard');
+	$home->safe_psql('postgres', qq{SET citus.enable_manual_changes_to_shards = on;
+		ALTER TABLE idempotency.keys_$shard ALTER COLUMN scope TYPE text COLLATE "C"});
+	is($claim->('altered-after'), 'new', 'after its shard\'s scope became text, the same session claims there');
+	is($home->safe_psql('postgres', qq{SELECT string_agg(key, ',' ORDER BY key)
+			FROM idempotency.keys_$shard WHERE key LIKE 'altered-%' AND scope = '$tenant'}),
+		'altered-after,altered-before', 'both records are there, with the tenant\'s scope as text');
+	is($session->query_safe(qq{SELECT state FROM idempotency.lookup('altered-before', '$tenant')}),
+		'in_progress', 'and the session reads the one made before');
+	$session->quit;
 	return;
 }
