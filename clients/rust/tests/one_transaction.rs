@@ -55,6 +55,25 @@ async fn first_running(address: SocketAddr, key: &str, runs: &AtomicUsize) -> Jo
     first
 }
 
+/// Returns once a backend whose statement names `key` waits for a lock (bounded).
+async fn wait_for_lock_wait(key: &str) {
+    let db = connect().await;
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+        )
+        .bind(key)
+        .fetch_one(&db)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no claim of {key} came to wait");
+}
+
 #[tokio::test]
 async fn a_fresh_request_commits_its_claim_writes_and_response_together() {
     let (table, runs) = table_and_runs("onetx_fresh").await;
@@ -90,10 +109,12 @@ async fn a_duplicate_waits_for_the_first_and_replays_what_committed() {
     let first = first_running(address, &key, &runs).await;
     // The first holds its claim uncommitted: nobody else sees it.
     assert!(lookup(&connect().await, &key, Some("")).await.unwrap().is_none(), "the claim is not committed yet");
-    let key = key.clone();
-    // Waits for the first (or comes after it): either way, the replay.
-    let duplicate = tokio::spawn(async move { post(address, &key, b"{}", &[]).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let duplicate = {
+        let key = key.clone();
+        tokio::spawn(async move { post(address, &key, b"{}", &[]).await })
+    };
+    // The duplicate's claim waits for the first's transaction to end.
+    wait_for_lock_wait(&key).await;
     gate.add_permits(1);
     let (first, duplicate) = (first.await.unwrap(), duplicate.await.unwrap());
     assert_eq!(first.status, 201, "{first:?}");
