@@ -225,20 +225,23 @@ for (const setup of SETUPS) {
       const key = unique('half-open');
       // The server keeps the connection, and the transaction it was in.
       await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=statement&keep=server');
-      let res = await charge(key, key);
-      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
-      if (setup.options.oneTransaction) {
-        // The claim never committed and holds the key until the server
-        // learns its connection is gone: asked again, a 503, nothing kept.
-        assert.equal(res.status, 503, res.body.toString());
-        assert.equal(res.json().code, 'idempotency_unavailable');
-        assert.deepEqual(await chargesOf(key), []);
-        await proxy.control('POST', '/drop');
-        await untilNoBackendHas(key); // rolled back
-        res = await charge(key, key);
+      try {
+        let res = await charge(key, key);
+        assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+        if (setup.options.oneTransaction) {
+          // The claim never committed and holds the key until the server
+          // learns its connection is gone: asked again, a 503, nothing kept.
+          assert.equal(res.status, 503, res.body.toString());
+          assert.equal(res.json().code, 'idempotency_unavailable');
+          assert.deepEqual(await chargesOf(key), []);
+          await proxy.control('POST', '/drop');
+          await untilNoBackendHas(key); // rolled back
+          res = await charge(key, key);
+        }
+        await assertExactlyOnce(res, key, key);
+      } finally {
+        await proxy.control('POST', '/drop'); // what the server kept open, also after a failure
       }
-      await assertExactlyOnce(res, key, key);
-      await proxy.control('POST', '/drop');
     });
 
     test('every connection dropped and the next one refused: the request still runs once', async () => {
