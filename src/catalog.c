@@ -200,7 +200,8 @@ idem_keys_rel_describe(Relation rel, IdemKeysRel *out)
  * and varchar, else the value the type's input function reads from it.
  * When it is not one, the input function's error is raised as 22P02 (the
  * design's code for a scope that is not a tenant id), also where the input
- * function says 22003 (a number out of range).
+ * function says 22003 (a number out of range); an error of another class
+ * (out of memory, a cancel) is raised as it is.
  */
 Datum
 idem_scope_value(const IdemKeysRel *rel, text *scope)
@@ -224,7 +225,8 @@ idem_scope_value(const IdemKeysRel *rel, text *scope)
 		MemoryContextSwitchTo(caller);
 		edata = CopyErrorData();
 		FlushErrorState();
-		edata->sqlerrcode = ERRCODE_INVALID_TEXT_REPRESENTATION;
+		if (ERRCODE_TO_CATEGORY(edata->sqlerrcode) == ERRCODE_DATA_EXCEPTION)
+			edata->sqlerrcode = ERRCODE_INVALID_TEXT_REPRESENTATION;
 		ReThrowError(edata);
 	}
 	PG_END_TRY();

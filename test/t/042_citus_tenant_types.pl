@@ -37,7 +37,7 @@ citus_skip_unless_installed();
 # 22P02 only).
 my @types = (
 	{
-		decl => 'bigint', type => 'bigint', full => 1, add_node => 1,
+		decl => 'bigint', type => 'bigint', full => 1, add_node => 1, alter_shard => 1,
 		ids => [ map { 1000 + $_ } 1 .. 4 ], bad => 'acct_1',
 		gen => 'g::bigint'
 	},
@@ -153,7 +153,7 @@ sub tenant_checks
 
 	full_checks($coord, $workers, $t) if $t->{full};
 	added_node_checks($coord, $workers, $t) if $t->{add_node};
-	shard_altered_checks($coord, $workers, $t) if $t->{add_node};
+	shard_altered_checks($coord, $workers, $t) if $t->{alter_shard};
 
 	ok(!grep({ citus_crashed($_) } ($coord, @$workers)), 'no backend crashed');
 	citus_stop($coord, $workers);
