@@ -35,6 +35,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
@@ -65,6 +66,15 @@
 #define EXPIRED_AT(n) "expires_at" LE n " AND (state" EQ COMPLETED " OR lease_expires_at" LE n ")"
 /* The key of the reaper's index (keys_expiry_second_idx). */
 #define EXPIRY_SECOND(t) "idempotency._expiry_second(" t ")"
+/*
+ * reap's deletion of up to $2 records expired at $1 that also meet cond,
+ * oldest first, skipping locked ones.  cond is checked before a row is
+ * locked: a row it leaves out is never locked.
+ */
+#define REAP_WHERE(cond) "DELETE FROM ONLY idempotency.keys WHERE ctid" EQ "ANY (ARRAY("\
+	"SELECT ctid FROM ONLY idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")\
+	" AND " EXPIRED_AT("$1") cond " ORDER BY " EXPIRY_SECOND("expires_at") ", expires_at"\
+	" LIMIT $2 FOR UPDATE SKIP LOCKED))"
 /*
  * The lease's end becomes e, never earlier, and the record's expiry moves
  * later by as much as the lease's end did: a response stored at the end of
@@ -101,6 +111,7 @@ typedef enum PlanId
 	PLAN_CHECKPOINT,
 	PLAN_LOOKUP,
 	PLAN_REAP,
+	PLAN_REAP_SEEN,
 	PLAN_INSERT,
 	PLAN_INSERT_ANY_ARBITER,
 	PLAN_COMPLETE,
@@ -165,11 +176,12 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		4, {TEXTOID, TEXTOID, REGROLEOID, TIMESTAMPTZOID}
 	},
 	[PLAN_REAP] = {
-		"DELETE FROM ONLY idempotency.keys WHERE ctid" EQ "ANY (ARRAY("
-		"SELECT ctid FROM ONLY idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")
-		" AND " EXPIRED_AT("$1") " ORDER BY " EXPIRY_SECOND("expires_at") ", expires_at"
-		" LIMIT $2 FOR UPDATE SKIP LOCKED))",
+		REAP_WHERE(""),
 		2, {TIMESTAMPTZOID, INT4OID}
+	},
+	[PLAN_REAP_SEEN] = {
+		REAP_WHERE(" AND " SEEN_BY("$3")),
+		3, {TIMESTAMPTZOID, INT4OID, REGROLEOID}
 	},
 	/* The executor's forms of keysheap.c's direct insert and update. */
 	[PLAN_INSERT] = {
@@ -321,7 +333,7 @@ plan_for(PlanId id, const IdemKeysRel *rel)
 
 		/* Every plan but the reaper's takes the scope as $1, in the column's type. */
 		memcpy(argtypes, def->argtypes, sizeof(argtypes));
-		if (id != PLAN_REAP)
+		if (id != PLAN_REAP && id != PLAN_REAP_SEEN)
 			argtypes[0] = rel->scope.type;
 		plan = SPI_prepare(sql, def->nargs, argtypes);
 
@@ -531,14 +543,20 @@ idem_keys_lookup(IdemCall *call, text *key, TimestampTz now)
 /*
  * Deletes up to batch records of the call's relation expired at now, oldest
  * first, skipping locked ones; returns how many.  Used by reap() and by the
- * background reaper.
+ * background reaper.  A caller deletes, and so locks until it ends, only
+ * the records it sees: an open transaction that reaped never holds another
+ * role's records and keeps their claims waiting.  A caller with the
+ * privileges of the table's owner (a superuser, the background reaper),
+ * who could delete every record anyway, reaps them all.
  */
 uint64
 idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
 {
-	Datum		values[2] = {TimestampTzGetDatum(now), Int32GetDatum(batch)};
+	Datum		values[3] = {TimestampTzGetDatum(now), Int32GetDatum(batch),
+	ObjectIdGetDatum(call->caller)};
+	bool		every = has_privs_of_role(call->caller, idem_keys_catalog()->table_owner);
 
-	return run_plan(PLAN_REAP, call, values, NULL, false);
+	return run_plan(every ? PLAN_REAP : PLAN_REAP_SEEN, call, values, NULL, false);
 }
 
 /*
