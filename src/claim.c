@@ -34,7 +34,6 @@
 #include "access/htup_details.h"
 #include "access/transam.h"
 #include "access/xact.h"
-#include "access/xlog.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -526,7 +525,8 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	idem_citus_floor_fences();
 	waited = claim_and_wait(&a, &call, wait_ms, &now, &r);
 	idem_call_end(&call);
-	if (r.outcome == CLAIM_NEW && !r.resumed && synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
+	/* Whatever synchronous_commit says: the commit may never happen. */
+	if (r.outcome == CLAIM_NEW && !r.resumed)
 		idem_keys_flush_fence();
 
 	if (r.outcome == CLAIM_IN_PROGRESS)

@@ -178,14 +178,18 @@ wait_for_sync_standbys(XLogRecPtr lsn)
  * Makes the fence just handed out durable before anyone sees it.
  *
  * A sequence is WAL-logged once per 32 values, and that record is flushed
- * only by some later commit.  Should the server crash before then, the
+ * only by some later commit, and with synchronous_commit off by none before
+ * the WAL writer comes round.  Should the server crash before then, the
  * sequence would restart below a fence already given to a client whose claim
- * never committed, and hand that fence out again: the old client's complete
- * would then succeed on the new owner's claim.  The same holds for a
- * synchronous standby that is promoted without that record, so the claim
- * also waits for the synchronous standbys to have it.  Flushing up to the
- * sequence page's LSN costs nothing when that record is already on disk (31
- * claims in 32), and one WAL flush otherwise.  Call it after idem_call_end.
+ * never committed (or whose asynchronous commit was lost), and hand that
+ * fence out again: the old client's complete would then succeed on the new
+ * owner's claim.  So the claim flushes, whatever synchronous_commit says.
+ * The same holds for a synchronous standby that is promoted without that
+ * record, so the claim also waits for the synchronous standbys to have it,
+ * where synchronous_commit asks commits to wait for them.  Flushing up to
+ * the sequence page's LSN costs nothing when that record is already on disk
+ * (31 claims in 32), and one WAL flush otherwise.  Call it after
+ * idem_call_end.
  */
 void
 idem_keys_flush_fence(void)
