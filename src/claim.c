@@ -508,7 +508,6 @@ idempotency_claim(PG_FUNCTION_ARGS)
 				 errdetail("A response stored at the end of the lease must still be there to be replayed.")));
 	wait_ms = idem_arg_wait_ms(fcinfo, 5, now);
 	a.token = idem_arg_token(fcinfo, 6);
-	a.keyhash = idem_key_hash(a.scope, a.key);
 
 	tupdesc = claim_result_desc(fcinfo);
 	PreventCommandIfReadOnly("idempotency.claim()");
@@ -522,6 +521,7 @@ idempotency_claim(PG_FUNCTION_ARGS)
 
 	idem_call_begin(&call);
 	idem_citus_locate(&call, "idempotency.claim()", a.scope, PG_ARGISNULL(2));
+	a.keyhash = idem_key_hash(&call.rel.scope, call.scope, a.key);
 	idem_citus_floor_fences();
 	waited = claim_and_wait(&a, &call, wait_ms, &now, &r);
 	idem_call_end(&call);

@@ -131,7 +131,7 @@ idempotency_complete(PG_FUNCTION_ARGS)
 
 	if (!owned)
 		fence_lost(key);
-	idem_wait_wake_at_commit(idem_key_hash(scope, key));
+	idem_wait_wake_at_commit(idem_key_hash(&call.rel.scope, call.scope, key));
 	idem_stats_add(release ? IDEM_COMPLETES_RELEASED : IDEM_COMPLETES_STORED, 1);
 	PG_RETURN_TEXT_P(cstring_to_text(release ? "released" : "stored"));
 }
@@ -154,7 +154,7 @@ idempotency_release(PG_FUNCTION_ARGS)
 
 	if (released)
 	{
-		idem_wait_wake_at_commit(idem_key_hash(scope, key));
+		idem_wait_wake_at_commit(idem_key_hash(&call.rel.scope, call.scope, key));
 		idem_stats_add(IDEM_RELEASES, 1);
 	}
 	else

@@ -28,8 +28,11 @@
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/builtins.h"
 #include "utils/resowner.h"
+#include "utils/typcache.h"
 
+#include "catalog.h"
 #include "compat.h"
 #include "wait.h"
 
@@ -182,15 +185,33 @@ idem_wait_cancel(void)
 		ConditionVariableCancelSleep();
 }
 
-/* Hashes (scope, key): where claims waiting for its owner sleep. */
+/*
+ * Hashes (scope, key), scope a value of type: where claims waiting for its
+ * owner sleep.  A text scope is its bytes; a Citus tenant's value of another
+ * type (bigint, uuid) is hashed as that value, since texts that differ
+ * ('007' and '7', a uuid in upper and lower case) name the same record.
+ */
 uint64
-idem_key_hash(text *scope, text *key)
+idem_key_hash(const IdemScopeType *type, Datum scope, text *key)
 {
 	uint64		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
 										VARSIZE_ANY_EXHDR(key), 0);
+	uint64		scope_hash;
 
-	return hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(scope),
-												 VARSIZE_ANY_EXHDR(scope), 0));
+	if (type->is_text)
+		scope_hash = hash_bytes_extended((const unsigned char *) VARDATA_ANY(DatumGetPointer(scope)),
+										 VARSIZE_ANY_EXHDR(DatumGetPointer(scope)), 0);
+	else
+	{
+		TypeCacheEntry *tc = lookup_type_cache(type->type, TYPECACHE_HASH_EXTENDED_PROC_FINFO);
+
+		if (!OidIsValid(tc->hash_extended_proc))
+			elog(ERROR, "type %s has no extended hash function", format_type_be(type->type));
+		scope_hash = DatumGetUInt64(FunctionCall2Coll(&tc->hash_extended_proc_finfo,
+													  type->collation, scope,
+													  UInt64GetDatum(0)));
+	}
+	return hash_combine64(h, scope_hash);
 }
 
 /*

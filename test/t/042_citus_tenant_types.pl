@@ -39,7 +39,7 @@ my @types = (
 	{
 		decl => 'bigint', type => 'bigint', full => 1, add_node => 1, alter_shard => 1,
 		ids => [ map { 1000 + $_ } 1 .. 4 ], bad => 'acct_1',
-		gen => 'g::bigint'
+		gen => 'g::bigint', alt => sub { "0$_[0]" }
 	},
 	{
 		decl => 'uuid', type => 'uuid', full => 1,
@@ -48,7 +48,7 @@ my @types = (
 			'f1e2d3c4-b5a6-4978-8a9b-0c1d2e3f4a5b', '0b1c2d3e-4f50-4617-8283-94a5b6c7d8e9'
 		],
 		bad => 'not-a-uuid',
-		gen => q{md5(g::text)::uuid}
+		gen => q{md5(g::text)::uuid}, alt => sub { uc $_[0] }
 	},
 	{
 		decl => 'integer', type => 'integer', full => 0,
@@ -151,12 +151,66 @@ sub tenant_checks
 			'0', 'a scope of another type wrote nothing');
 	}
 
+	wake_checks($coord, $workers, $t) if $t->{alt};
 	full_checks($coord, $workers, $t) if $t->{full};
 	added_node_checks($coord, $workers, $t) if $t->{add_node};
 	shard_altered_checks($coord, $workers, $t) if $t->{alter_shard};
 
 	ok(!grep({ citus_crashed($_) } ($coord, @$workers)), 'no backend crashed');
 	citus_stop($coord, $workers);
+}
+
+# A claim waiting for an owner is woken by the owner's complete also when
+# the two wrote the tenant id differently ('01003' and '1003', a uuid in
+# upper and lower case): the wake-up is keyed by the value, not its text.
+# Without a wake-up the waiter rechecks once a second after it started; so
+# that a missed one shows, each complete is sent 0.2 s past one of those
+# rechecks (counted from the waiter's query_start on the worker), where it
+# costs about 0.8 s.  Five rounds, on the tenant's worker; the median delay
+# from the complete to the waiter's answer must be under 0.5 s.  (Before
+# the fix these keys' texts hashed to other slots, so the waiters woke only
+# at their rechecks.)
+sub wake_checks
+{
+	my ($coord, $workers, $t) = @_;
+	my $tenant = $t->{ids}[2];
+	my $spelled = $t->{alt}->($tenant);
+	my $home = citus_worker_of($coord, $workers, $tenant);
+	my $q = sub { $home->safe_psql('postgres', $_[0]) };
+	my @delays;
+
+	foreach my $round (1 .. 5)
+	{
+		my $key = "wake-$round";
+		my $fence = $q->(qq{SELECT fence FROM idempotency.claim('$key', '\\x01', '$spelled',
+			lease => '1 hour')});
+		my ($out, $err) = ('', '');
+		my $waiter = IPC::Run::start(
+			[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $home->connstr('postgres'),
+				'-c', qq{SELECT outcome, clock_timestamp() FROM idempotency.claim('$key',
+					'\\x01', '$tenant', wait => '1 min')} ],
+			'>', \$out, '2>', \$err);
+		my $waiting = qq{FROM pg_stat_activity WHERE wait_event_type = 'Extension'
+			AND query LIKE '%claim(''$key''%' AND pid <> pg_backend_pid()};
+		$home->poll_query_until('postgres', "SELECT count(*) = 1 $waiting")
+		  or die "the waiter of $key never slept";
+		my ($sent, $completed) = split /\n/, $q->(qq{
+			SELECT clock_timestamp() FROM pg_sleep((SELECT ceil(e - 0.2) + 0.2 - e
+				FROM (SELECT extract(epoch FROM clock_timestamp() - query_start) AS e
+					$waiting) w));
+			SELECT idempotency.complete('$key', $fence, 200, NULL, NULL, '$spelled');});
+		$waiter->finish;
+		chomp $out;
+		my ($outcome, $answered) = split /\|/, $out;
+		is("$completed:$outcome", 'stored:replay',
+			"round $round: completed as $spelled, the waiter of $tenant replays") or diag($err);
+		push @delays, $q->(qq{SELECT extract(epoch FROM '$answered'::timestamptz
+			- '$sent'::timestamptz)});
+	}
+	my @sorted = sort { $a <=> $b } @delays;
+	cmp_ok($sorted[2], '<', 0.5,
+		"a waiter is woken by a complete that spelled the tenant otherwise (delays: @delays s)");
+	return;
 }
 
 # Through the coordinator: the race, the token, the business atomicity,
