@@ -23,9 +23,9 @@ OBJS = \
 PGFILEDESC = "idempotency - idempotency keys for HTTP APIs"
 
 EXTENSION = idempotency idempotency_proxy
-DATA = sql/idempotency--1.0.sql sql/idempotency--1.4.sql
+DATA = sql/idempotency--1.0.sql sql/idempotency--1.5.sql
 DATA += sql/idempotency--1.0--1.1.sql sql/idempotency--1.1--1.2.sql sql/idempotency--1.2--1.3.sql \
-	sql/idempotency--1.3--1.4.sql
+	sql/idempotency--1.3--1.4.sql sql/idempotency--1.4--1.5.sql
 DATA += sql/idempotency_proxy--1.1.sql sql/idempotency_proxy--1.2.sql sql/idempotency_proxy--1.1--1.2.sql
 
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers

@@ -1,4 +1,4 @@
-/* idempotency--1.4.sql */
+/* idempotency--1.5.sql */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION idempotency" to load this file. \quit
@@ -32,12 +32,12 @@ COMMENT ON FUNCTION idempotency._expiry_second(timestamptz) IS
 -- The order of the columns: fixed-width ones first, so that the row has no
 -- alignment padding; the ones complete() changes in the middle, so that its
 -- WAL record holds only them (an update logs what differs between the old
--- and new row after their common beginning and end).  complete() changes no
--- indexed column, so it is a HOT update whenever the page has room: it
--- usually has, as complete follows its claim closely (95% HOT measured at
--- the default fillfactor; 100% at 75 cost 25% more heap).  lease and
--- lease_expires_at are NULL once the record is completed, and so is token
--- (claim's token, kept only while in progress): it sits among the columns
+-- and new row after their common beginning and end).  complete() takes the
+-- record out of the index of records in progress (keys_in_progress_idx,
+-- below), so its update is never HOT: the new row version gets an entry in
+-- each of the table's other indexes.  lease and lease_expires_at are NULL
+-- once the record is completed, and so is token (claim's token, kept only
+-- while in progress): it sits among the columns
 -- complete() changes, so that clearing it adds nothing to complete's WAL
 -- record (last, it would break the common end and log the scope, key and
 -- fingerprint again).
@@ -213,7 +213,7 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'idempotency_reap'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idempotency.reap(integer) IS
-	'Deletes up to batch expired records, oldest first; returns how many';
+	'Deletes up to batch expired records of the roles whose privileges the caller has (every role''s for a superuser or the table''s owner), oldest first; returns how many';
 
 CREATE FUNCTION idempotency._stats_counters(
 	OUT claims_new bigint,
