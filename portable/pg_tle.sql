@@ -16,7 +16,7 @@ $_pg_tle_$
  * This file is the one source: portable/build makes portable/pg_tle.sql from
  * it (CREATE EXTENSION idempotency through pg_tle).  Lines marked
  * "-- plain only" are left out of that form, lines starting "-- pg_tle: "
- * are put in (uncommented).  README.md, "Managed PostgreSQL", says what
+ * are put in (uncommented).  docs/portable.md says what
  * differs from the C edition.
  *
  * How the calls run: every API function runs with its caller's rights
@@ -29,8 +29,8 @@ $_pg_tle_$
  * idempotency._own_keys, which shows and accepts only the records of roles
  * whose privileges current_user has (a security barrier with a check
  * option); the view reads the table with its owner's rights.  So a role
- * may read and write its own records through that view (README.md,
- * "Managed PostgreSQL"), and never another role's.  Calling a function
+ * may read and write its own records through that view (docs/portable.md,
+ * "Roles and records"), and never another role's.  Calling a function
  * needs USAGE on the schema, as for any schema; pg_monitor's USAGE (for the
  * stats view) is refused the API.  reap() deletes every role's expired
  * records through _reap(), which runs as the table's owner.

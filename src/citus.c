@@ -28,7 +28,7 @@
  * call reads its text as a value of that type (idem_scope_value) to find its
  * shard.
  *
- * What this rests on was tried and measured: docs/citus-notes.md.
+ * What this rests on was tried and measured: docs/design/citus-notes.md.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

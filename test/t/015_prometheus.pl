@@ -42,6 +42,18 @@ $node->safe_psql('postgres', q{SELECT idempotency.claim('m2', '\x01')});
 is(idem_sqlstate($node, "SELECT idempotency.complete('m2', $f2 - 1, 200)"),
 	'IK001', 'a stale fence is refused');
 
+# For the stuck-request alert: a handler that crashed 5 minutes ago (its
+# lease ended, nobody took it over) counts; a key abandoned 2 hours ago,
+# still kept for its retention, does not; nor does m2, whose lease runs.
+for my $k ([ 'crashed', '5 minutes' ], [ 'abandoned', '2 hours' ])
+{
+	$node->safe_psql('postgres',
+		"SELECT idempotency.claim('$k->[0]', '\\x01', lease => '1s', retention => '1 day')");
+	$node->safe_psql('postgres', qq{
+		UPDATE idempotency.keys SET lease_expires_at = now() - interval '$k->[1]'
+		WHERE key = '$k->[0]'});
+}
+
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my ($out, $err) = ('', '');
 my $dsn = sprintf('host=%s port=%d user=idem_exporter dbname=postgres sslmode=disable',
@@ -85,6 +97,9 @@ my $stats = $node->safe_psql('postgres', q{
 	SELECT claims_new, claims_replay, claims_mismatch, claims_in_progress, completes_stored,
 		fence_rejections, rows_in_progress, extract(epoch FROM oldest_lease_expires_at)
 	FROM idempotency.stats});
+is($value{idempotency_leases_ended_unclaimed}, '1',
+	'only the lease that ended recently counts as stuck, not the key abandoned hours ago');
+is($type{idempotency_leases_ended_unclaimed}, 'gauge', 'idempotency_leases_ended_unclaimed is a gauge');
 my %expected;
 @expected{
 	qw(claims_new_total claims_replay_total claims_mismatch_total claims_in_progress_total
@@ -94,7 +109,7 @@ my %expected;
 is_deeply(
 	[ @expected{qw(claims_new_total claims_replay_total claims_mismatch_total
 		  claims_in_progress_total completes_stored_total fence_rejections_total rows_in_progress)} ],
-	[ 2, 1, 1, 1, 1, 1, 1 ],
+	[ 4, 1, 1, 1, 1, 1, 3 ],
 	'the view counted the calls');
 
 for my $name (sort keys %expected)
@@ -116,6 +131,15 @@ for my $name (qw(rows_estimate reaper_error last_reap_timestamp_seconds
 	is($type{"idempotency_$name"}, 'gauge', "idempotency_$name is a gauge");
 }
 is($value{idempotency_reaper_error}, '0', 'no reaper error');
+
+# Every metric the alerting rules name is one the exporter serves.
+my $alerts = slurp_file("$FindBin::RealBin/../../contrib/prometheus/alerts.yaml");
+my %named = map { $_ => 1 } $alerts =~ /\b(idempotency_\w+)/g;
+ok(scalar(keys %named) >= 6, 'alerts.yaml names the metrics');
+for my $name (sort keys %named)
+{
+	ok(defined $type{$name}, "alerts.yaml's $name is served by the exporter");
+}
 cmp_ok($value{idempotency_rows_estimate}, '>=', 1,
 	'the estimate of the records counts at least those in progress');
 
