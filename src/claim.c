@@ -47,7 +47,8 @@
 #include "fence.h"
 #include "idempotency.h"
 #include "keys.h"
-#include "keysheap.h"
+#include "keysread.h"
+#include "keyswrite.h"
 #include "stats.h"
 #include "wait.h"
 
