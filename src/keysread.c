@@ -21,11 +21,11 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "executor/tuptable.h"
-#include "storage/procarray.h"
 #include "utils/acl.h"
 #include "utils/rel.h"
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 #include "utils/uuid.h"
 
 #include "compat.h"

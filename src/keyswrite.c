@@ -22,9 +22,10 @@
  *   waits for a concurrent writer of the row; if that writer changed it,
  *   READ COMMITTED reads the row again and re-checks the fence (as
  *   EvalPlanQual would), and REPEATABLE READ fails with 40001, as an UPDATE
- *   would.  It is never a HOT update: complete changes state, which the
- *   partial index of records in progress (keys_in_progress_idx, from 1.3)
- *   depends on, so every index gets a new entry.
+ *   would.  It is not a HOT update while the table has the partial index
+ *   of records in progress (keys_in_progress_idx, from 1.3): complete
+ *   changes state, which that index's predicate reads, so every index gets
+ *   a new entry.
  *
  * Everything else (reset, takeover, release, extend, checkpoint, lookup,
  * reap) stays in SPI plans (keys.c): they are rare, or bulk.
