@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  * keysread.c
- *	  Claim's reads of idempotency.keys, without the executor: the record of
- *	  a (scope, key) that the caller sees, and the transaction writing it.
- *	  Each works on the call's relation: the table itself, or with Citus the
+ *	  The reads of idempotency.keys without the executor: claim's read of
+ *	  the record of a (scope, key) that the caller sees, the transaction
+ *	  writing it, and complete's read of the claim its fence owns.  Each
+ *	  works on the call's relation: the table itself, or with Citus the
  *	  scope's local shard (citus.c).
  *
  * A claim's read is the API's hottest path (every replay is one): through

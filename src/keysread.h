@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  * keysread.h
- *	  Claim's reads of idempotency.keys, without the executor (keysread.c).
+ *	  The reads of idempotency.keys without the executor (keysread.c).
  *-------------------------------------------------------------------------
  */
 #ifndef IDEMPOTENCY_KEYSREAD_H

@@ -14,9 +14,10 @@
  * another record's key or scope taken for the caller's).  A scan of it
  * finds each of key and scope at its own position in the index, compared
  * with the index's own equality for that position, whose input type the
- * column's value has: never a comparator of another type.  A table
- * without a key index has no way to decide a race of claims: claim and
- * complete refuse (55000), naming what they need.
+ * column's value has: never a comparator of another type.  (An index that
+ * leads with owner is read whole by each scan: slower, still right.)  A
+ * table without a key index has no way to decide a race of claims: claim
+ * and complete refuse (55000), naming what they need.
  *
  * The facts are decided once per relcache build of the relation, and kept
  * in a short array without pointers: an entry is forgotten in the

@@ -48,15 +48,16 @@ SELECT outcome FROM idempotency.claim('acme', '\x01', scope => 'order-3');
 SELECT idempotency.complete('acme', :u_fence, 204, scope => 'order-3');
 
 -- Unique indexes that are not a key of (key, scope, owner): one with an
--- extra column, an expression, a predicate or another collation.  Claim
--- and complete refuse, clearly, and write nothing; the calls that need no
--- unique index to be right go on.
+-- extra column, an expression, a predicate, another collation or another
+-- operator class.  Claim and complete refuse, clearly, and write nothing;
+-- the calls that need no unique index to be right go on.
 SELECT fence AS n_fence FROM idempotency.claim('acme', '\x01', scope => 'order-4') \gset
 ALTER TABLE idempotency.keys DROP CONSTRAINT keys_unique;
 CREATE UNIQUE INDEX keys_extra ON idempotency.keys (key, scope, owner, fence);
 CREATE UNIQUE INDEX keys_expr ON idempotency.keys (key, scope, (owner::oid));
 CREATE UNIQUE INDEX keys_partial ON idempotency.keys (key, scope, owner) WHERE fence > 0;
 CREATE UNIQUE INDEX keys_collated ON idempotency.keys (key COLLATE "POSIX", scope, owner);
+CREATE UNIQUE INDEX keys_pattern ON idempotency.keys (key text_pattern_ops, scope, owner);
 \set VERBOSITY sqlstate
 SELECT outcome FROM idempotency.claim('acme', '\x01', scope => 'order-5');
 SELECT outcome FROM idempotency.claim('acme', '\x01', scope => 'order-1');
@@ -64,7 +65,7 @@ SELECT idempotency.complete('acme', :n_fence, 200, scope => 'order-4');
 \set VERBOSITY default
 SELECT outcome FROM idempotency.claim('acme', '\x01', scope => 'order-5');
 DROP INDEX idempotency.keys_extra, idempotency.keys_expr, idempotency.keys_partial,
-  idempotency.keys_collated;
+  idempotency.keys_collated, idempotency.keys_pattern;
 -- No unique index at all, also through the executor.
 SELECT outcome FROM idempotency.claim('acme', '\x01', scope => 'order-5');
 CREATE TRIGGER keys_noop BEFORE INSERT OR UPDATE ON idempotency.keys
