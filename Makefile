@@ -13,7 +13,10 @@ OBJS = \
 	src/headers.o \
 	src/idempotency.o \
 	src/keys.o \
-	src/keysheap.o \
+	src/keysindex.o \
+	src/keysread.o \
+	src/keysrel.o \
+	src/keyswrite.o \
 	src/owner.o \
 	src/reaper.o \
 	src/record.o \

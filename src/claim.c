@@ -2,7 +2,7 @@
  * claim.c
  *	  claim(): decides whether to run a request, and waits when asked to.
  *
- * A claim reads the record (keys.c, a direct primary-key lookup) and
+ * A claim reads the record (keysread.c, a direct key-index lookup) and
  * decides, in the design's order: an expired record counts as absent; a
  * different fingerprint is a mismatch; a completed record is a replay; a
  * live lease is in progress; an ended lease is a takeover.  Only `new`
@@ -46,7 +46,8 @@
 #include "fence.h"
 #include "idempotency.h"
 #include "keys.h"
-#include "keysheap.h"
+#include "keysread.h"
+#include "keyswrite.h"
 #include "stats.h"
 #include "wait.h"
 

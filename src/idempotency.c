@@ -8,7 +8,10 @@
  *	  catalog.c		what the extension knows of its objects: the table's columns, owner
  *	  fence.c		fences: drawn from the sequence, made durable
  *	  keys.c		the calls, and their statements on idempotency.keys (SPI plans)
- *	  keysheap.c	claim's read and insert, complete's update, without the executor
+ *	  keysrel.c		a relation of records: its columns and key index, for the direct paths
+ *	  keysindex.c	a relation open with its indexes for a direct write, their entries
+ *	  keysread.c	claim's reads of a record, without the executor
+ *	  keyswrite.c	claim's insert and complete's update, without the executor
  *	  citus.c		idempotency.keys distributed with Citus: shards, NULL-scope guard
  *	  claim.c		claim()
  *	  record.c		complete(), release(), extend(), checkpoint(), lookup()

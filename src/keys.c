@@ -2,7 +2,8 @@
  * keys.c
  *	  The statements on idempotency.keys: a call of the API, as the table's
  *	  owner, and the SPI plans of the writes and reads that are not on the
- *	  hot path (keysheap.c has those, and falls back to the plans here).
+ *	  hot path (keysread.c and keyswrite.c have those, and fall back to the
+ *	  plans here).
  *
  * Application roles get no privilege on the table: each call acts as the
  * table's owner (owner.c: the right to call, the switch), and runs SPI
@@ -13,15 +14,18 @@
  * names the table with ONLY: a DBA's inheritance children of it hold no
  * records, and a ctid (reap's) is unique only within one table.  The hot
  * path, claim's read and insert and complete's update, does without the
- * executor (keysheap.c): the read took replays from 0.68x to 0.95x a bare
+ * executor (keysread.c, keyswrite.c): the read took replays from 0.68x to 0.95x a bare
  * primary-key SELECT (bench/run).
  *
  * A record belongs to the role that claimed it, and is seen only by roles
  * that have the privileges of that owner: for any other role it is as if
- * it were in another scope.  The primary key is (key, scope, owner).
+ * it were in another scope.  The extension makes the primary key (key,
+ * scope, owner); a DBA may rebuild it in another column order or as a unique
+ * constraint: ON CONFLICT (key, scope, owner) finds it in any order, and
+ * without one claim and complete refuse before any plan runs (keysrel.c).
  *
  * The unique index decides every race: claim's speculative insertion
- * (keysheap.c) fails on a concurrent writer's record, and UPDATEs whose
+ * (keyswrite.c) fails on a concurrent writer's record, and UPDATEs whose
  * WHERE clause repeats their condition wait for a concurrent writer of the
  * same record as PostgreSQL makes them.  A claim that must bound
  * that wait (its `wait`) finds the writing transaction first, with a dirty
@@ -183,14 +187,14 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		REAP_WHERE(" AND " SEEN_BY("$3")),
 		3, {TIMESTAMPTZOID, INT4OID, REGROLEOID}
 	},
-	/* The executor's forms of keysheap.c's direct insert and update. */
+	/* The executor's forms of keyswrite.c's direct insert and update. */
 	[PLAN_INSERT] = {
 		INSERT_CLAIM " ON CONFLICT (key, scope, owner) DO NOTHING",
 		10, {INSERT_CLAIM_ARGTYPES}
 	},
 	/*
-	 * Where every unique index is the primary key or a copy of it (REINDEX
-	 * CONCURRENTLY's, not yet valid, which ON CONFLICT (key, scope, owner)
+	 * Where every unique index is a key index (keysrel.c): the primary key
+	 * or a copy of it (REINDEX CONCURRENTLY's, not yet valid, which ON CONFLICT (key, scope, owner)
 	 * would not take as an arbiter but would check, raising 23505): all of
 	 * them are arbiters.
 	 */
@@ -561,9 +565,9 @@ idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
 
 /*
  * idem_keys_insert through the executor, for a table on which the direct
- * insert would not do what INSERT does (keysheap.c): the primary key is the
- * arbiter, and with any_arbiter so is every other unique index (the caller
- * knows they are all copies of it), any other unique violation is an
+ * insert would not do what INSERT does (keysindex.c): the valid unique
+ * indexes on (key, scope, owner) are the arbiters, and with any_arbiter so
+ * is every other unique index (the caller knows they are all key indexes), any other unique violation is an
  * error.  Returns false when a record of (scope, key, caller) exists
  * already; sets *fence.  The token (NULL: none) is stored as the direct
  * insert stores it.

@@ -27,7 +27,7 @@
 #include "headers.h"
 #include "idempotency.h"
 #include "keys.h"
-#include "keysheap.h"
+#include "keyswrite.h"
 #include "stats.h"
 #include "wait.h"
 
