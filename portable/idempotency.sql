@@ -20,15 +20,17 @@
  * role whose privileges the calling code has (current_user at the call):
  * in another role's SECURITY DEFINER function, or in an index expression
  * that ANALYZE runs as the table's owner, that is the other role, never the
- * session's.  The functions read and write the table only through the view
+ * session's.  The functions read, insert and update through the view
  * idempotency._own_keys, which shows and accepts only the records of roles
  * whose privileges current_user has (a security barrier with a check
  * option); the view reads the table with its owner's rights.  So a role
  * may read and write its own records through that view (README.md,
- * "Managed PostgreSQL"), and never another role's.  Calling a function
- * needs USAGE on the schema, as for any schema; pg_monitor's USAGE (for the
- * stats view) is refused the API.  reap() deletes every role's expired
- * records through _reap(), which runs as the table's owner.
+ * "Managed PostgreSQL"), and never another role's; it holds column
+ * privileges only, which LOCK TABLE does not take, so it cannot lock the
+ * table.  Deletes (release, reap) are calls inserted into the view
+ * idempotency._calls, stamped with current_user, that a trigger runs as the
+ * table's owner.  Calling a function needs USAGE on the schema, as for any
+ * schema; pg_monitor's USAGE (for the stats view) is refused the API.
  *
  * The atomic claim: a claim reads the record with a fresh snapshot and
  * decides in the design's order; only `new` writes, with one conditional
@@ -115,7 +117,11 @@ COMMENT ON VIEW idempotency._own_keys IS
 -- No role writes owner, key or scope: a row inserted through the view is
 -- current_user's (the table's default), and no write can meet, and so tell
 -- of, another role's record of the same (scope, key).
-GRANT SELECT, DELETE ON idempotency._own_keys TO PUBLIC;
+-- Column privileges only, and no DELETE: LOCK TABLE needs a privilege on
+-- the whole view, so that no role can lock the records it reads through.
+GRANT SELECT (fence, created_at, expires_at, attempt, owner, lease, lease_expires_at, token,
+	completed_at, status_code, state, headers, body, recovery_point, recovery_state, scope,
+	key, fingerprint) ON idempotency._own_keys TO PUBLIC;
 GRANT INSERT (fence, created_at, expires_at, attempt, lease, lease_expires_at, token,
 	completed_at, status_code, state, headers, body, recovery_point, recovery_state, scope,
 	key, fingerprint) ON idempotency._own_keys TO PUBLIC;
@@ -137,6 +143,72 @@ END
 $$;
 COMMENT ON FUNCTION idempotency._next_fence() IS
 	'internal: the next fencing token, drawn as the sequence''s owner';
+
+-- The calls that delete records, made as the table's owner: release (and
+-- complete's release of a 5xx) deletes one claim, reap() expired records.
+-- A function inserts its call into this view, whose column caller takes
+-- current_user, the role whose privileges the calling code has: no role
+-- may give it (none has a privilege on it), so a call acts only for the
+-- records of roles whose privileges that role has, as _own_keys shows
+-- them; the trigger answers in result, how many records it deleted.  A
+-- view, not a table to lock: only column privileges on it.
+CREATE VIEW idempotency._calls AS
+SELECT NULL::text AS op, NULL::text AS key, NULL::text AS scope, NULL::bigint AS fence,
+	NULL::integer AS batch, NULL::pg_catalog.regrole AS caller, NULL::bigint AS result
+WHERE false;
+ALTER VIEW idempotency._calls ALTER COLUMN caller
+	SET DEFAULT pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole;
+COMMENT ON VIEW idempotency._calls IS
+	'internal: the calls that delete records, made as the table''s owner for current_user';
+GRANT INSERT (op, key, scope, fence, batch), SELECT (result) ON idempotency._calls TO PUBLIC;
+
+-- Runs a call inserted into _calls.  release: the caller's in-progress
+-- record of (scope, key) with that fence.  reap: up to batch expired
+-- records, oldest first through the reaper's index, skipping locked ones,
+-- of the roles whose privileges the caller has (of every role for the
+-- table's owner, its members and superusers: the scheduled reap), so that
+-- one role's transaction never holds another's records.  The table itself
+-- only (ONLY): a ctid names a row of one table.
+CREATE FUNCTION idempotency._call()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	now timestamptz := clock_timestamp();
+	every_owner boolean;
+	deleted bigint;
+BEGIN
+	IF NEW.op OPERATOR(pg_catalog.=) 'release' THEN
+		DELETE FROM ONLY idempotency.keys k
+		WHERE k.key OPERATOR(pg_catalog.=) (NEW.key COLLATE "C")
+		  AND k.scope OPERATOR(pg_catalog.=) (NEW.scope COLLATE "C")
+		  AND k.fence OPERATOR(pg_catalog.=) NEW.fence
+		  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+		  AND pg_has_role(NEW.caller::oid, k.owner::oid, 'USAGE');
+	ELSIF NEW.op OPERATOR(pg_catalog.=) 'reap' THEN
+		SELECT pg_has_role(NEW.caller::oid, c.relowner, 'USAGE') INTO every_owner
+		FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
+		DELETE FROM ONLY idempotency.keys WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+			SELECT k.ctid FROM ONLY idempotency.keys k
+			WHERE idempotency._expiry_second(k.expires_at) OPERATOR(pg_catalog.<=) idempotency._expiry_second(now)
+			  AND k.expires_at OPERATOR(pg_catalog.<=) now
+			  AND (k.state OPERATOR(pg_catalog.=) 'completed' OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+			  AND (every_owner OR pg_has_role(NEW.caller::oid, k.owner::oid, 'USAGE'))
+			ORDER BY idempotency._expiry_second(k.expires_at), k.expires_at
+			LIMIT GREATEST(NEW.batch, 0) FOR UPDATE SKIP LOCKED));
+	ELSE
+		RAISE EXCEPTION 'unknown call "%"', NEW.op USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	GET DIAGNOSTICS deleted = ROW_COUNT;
+	NEW.result := deleted;
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION idempotency._call() IS
+	'internal: runs a call of _calls as the table''s owner, for the role that made it';
+CREATE TRIGGER run_call INSTEAD OF INSERT ON idempotency._calls
+	FOR EACH ROW EXECUTE FUNCTION idempotency._call();
 
 -- pg_tle: SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
 -- pg_tle: SELECT pg_catalog.pg_extension_config_dump('idempotency.fence_seq', '');
@@ -376,6 +448,29 @@ END
 $$;
 COMMENT ON FUNCTION idempotency._caller() IS
 	'internal: the calling role, allowed to use the API';
+
+-- Sets lock_timeout, to the end of the transaction (the caller restores
+-- its own), to what is left until deadline, unless the caller's own is
+-- shorter: a wait for another transaction's write ends at the deadline.
+-- At most lock_timeout's largest value (about 24.8 days): a longer wait
+-- ends then and answers in_progress, as the C edition's does.
+CREATE FUNCTION idempotency._lock_timeout_until(deadline timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+	caller_ms float8 := EXTRACT(epoch FROM current_setting('lock_timeout')::interval)
+		OPERATOR(pg_catalog.*) 1000;
+	left_ms float8 := GREATEST(1, LEAST(2147483647, ceil(EXTRACT(epoch FROM
+		deadline OPERATOR(pg_catalog.-) clock_timestamp()) OPERATOR(pg_catalog.*) 1000)));
+BEGIN
+	IF caller_ms OPERATOR(pg_catalog.=) 0 OR caller_ms OPERATOR(pg_catalog.>) left_ms THEN
+		PERFORM set_config('lock_timeout', left_ms::bigint::text, true);
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION idempotency._lock_timeout_until(timestamptz) IS
+	'internal: bounds lock_timeout by what is left of a claim''s wait';
 
 -- Raises IK001: the fence no longer owns the claim.
 CREATE FUNCTION idempotency._fence_lost(key text)
@@ -624,10 +719,8 @@ BEGIN
 					-- deadline.  A record it changed is read again.
 					saved_lock_timeout := current_setting('lock_timeout');
 					BEGIN
-						IF p_wait OPERATOR(pg_catalog.>) '0' AND (saved_lock_timeout OPERATOR(pg_catalog.=) '0'
-						   OR saved_lock_timeout::interval OPERATOR(pg_catalog.>) (deadline OPERATOR(pg_catalog.-) now)) THEN
-							PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
-								deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
+						IF p_wait OPERATOR(pg_catalog.>) '0' THEN
+							PERFORM idempotency._lock_timeout_until(deadline);
 						END IF;
 						PERFORM FROM idempotency._own_keys k
 						WHERE k.key OPERATOR(pg_catalog.=) p_key
@@ -676,6 +769,28 @@ BEGIN
 			END IF;
 		END IF;
 
+		-- With wait, a transaction writing the record (a late complete in
+		-- one transaction, another takeover) is waited for at most until the
+		-- deadline, as by the C edition: the row is locked first.
+		IF step OPERATOR(pg_catalog.<>) 'insert' AND p_wait OPERATOR(pg_catalog.>) '0' THEN
+			saved_lock_timeout := current_setting('lock_timeout');
+			BEGIN
+				PERFORM idempotency._lock_timeout_until(deadline);
+				PERFORM FROM idempotency._own_keys k
+				WHERE k.key OPERATOR(pg_catalog.=) p_key
+				  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+				  AND k.owner OPERATOR(pg_catalog.=) rec.owner
+				  AND k.fence OPERATOR(pg_catalog.=) rec.fence
+				FOR UPDATE;
+				PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+			EXCEPTION WHEN lock_not_available THEN
+				PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+				res.outcome := 'in_progress';
+				res.retry_after := 1;
+				RETURN res;
+			END;
+		END IF;
+
 		-- The clock after the read: a lease starts when it is won.
 		now := clock_timestamp();
 		new_fence := idempotency._next_fence();
@@ -685,11 +800,7 @@ BEGIN
 			IF p_wait OPERATOR(pg_catalog.>) '0' THEN
 				saved_lock_timeout := current_setting('lock_timeout');
 				BEGIN
-					IF saved_lock_timeout OPERATOR(pg_catalog.=) '0'
-					   OR saved_lock_timeout::interval OPERATOR(pg_catalog.>) (deadline OPERATOR(pg_catalog.-) now) THEN
-						PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
-							deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
-					END IF;
+					PERFORM idempotency._lock_timeout_until(deadline);
 					INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt,
 						lease, lease_expires_at, state, scope, key, fingerprint, token)
 					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1,
@@ -921,6 +1032,7 @@ DECLARE
 	p_headers jsonb;
 	release boolean;
 	size bigint;
+	deleted bigint;
 	now timestamptz;
 BEGIN
 	-- The helpers' checks inline, as in claim.
@@ -968,11 +1080,11 @@ BEGIN
 	END IF;
 	PERFORM idempotency._caller();
 	IF release THEN
-		DELETE FROM idempotency._own_keys k
-		WHERE k.key OPERATOR(pg_catalog.=) p_key
-		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
-		  AND k.fence OPERATOR(pg_catalog.=) p_fence
-		  AND k.state OPERATOR(pg_catalog.=) 'in_progress';
+		INSERT INTO idempotency._calls (op, key, scope, fence) VALUES ('release', p_key, p_scope, p_fence)
+		RETURNING result INTO deleted;
+		IF deleted OPERATOR(pg_catalog.=) 0 THEN
+			PERFORM idempotency._fence_lost(p_key);
+		END IF;
 	ELSE
 		now := clock_timestamp();
 		UPDATE idempotency._own_keys k
@@ -1055,17 +1167,15 @@ DECLARE
 	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
 	p_scope text;
+	deleted bigint;
 BEGIN
 	PERFORM idempotency._require(p_fence, 'fence');
 	p_scope := idempotency._scope(scope);
 	PERFORM idempotency._require_writable('idempotency.release()');
 	PERFORM idempotency._caller();
-	DELETE FROM idempotency._own_keys k
-	WHERE k.key OPERATOR(pg_catalog.=) p_key
-	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
-	  AND k.fence OPERATOR(pg_catalog.=) p_fence
-	  AND k.state OPERATOR(pg_catalog.=) 'in_progress';
-	RETURN FOUND;
+	INSERT INTO idempotency._calls (op, key, scope, fence) VALUES ('release', p_key, p_scope, p_fence)
+	RETURNING result INTO deleted;
+	RETURN deleted OPERATOR(pg_catalog.>) 0;
 END
 $$;
 COMMENT ON FUNCTION idempotency.release(text, bigint, text) IS
@@ -1288,34 +1398,9 @@ RETURN idempotency._fingerprint(method, path,
 COMMENT ON FUNCTION idempotency.fingerprint_json(text, text, jsonb, text) IS
 	'SHA-256 of a request with a JSON body, whatever its key order and whitespace';
 
--- Deletes up to n expired records of every role, oldest first through the
--- reaper's index, skipping locked ones; returns how many.  As the table's
--- owner (SECURITY DEFINER): whoever schedules it reaps every role's
--- records, and only expired ones, whatever the caller passes.  The table
--- itself only (ONLY): a ctid names a row of one table.
-CREATE FUNCTION idempotency._reap(n integer)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	now timestamptz := clock_timestamp();
-	reaped bigint;
-BEGIN
-	DELETE FROM ONLY idempotency.keys WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
-		SELECT k.ctid FROM ONLY idempotency.keys k
-		WHERE idempotency._expiry_second(k.expires_at) OPERATOR(pg_catalog.<=) idempotency._expiry_second(now)
-		  AND k.expires_at OPERATOR(pg_catalog.<=) now
-		  AND (k.state OPERATOR(pg_catalog.=) 'completed' OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)
-		ORDER BY idempotency._expiry_second(k.expires_at), k.expires_at
-		LIMIT GREATEST(n, 0) FOR UPDATE SKIP LOCKED));
-	GET DIAGNOSTICS reaped = ROW_COUNT;
-	RETURN reaped;
-END
-$$;
-COMMENT ON FUNCTION idempotency._reap(integer) IS
-	'internal: deletes up to n expired records of every role, as the table''s owner';
-
+-- Deletes up to batch expired records, oldest first, of the roles whose
+-- privileges the caller has (every role's for the table's owner: see
+-- _call).
 CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -1324,6 +1409,7 @@ AS $$
 DECLARE
 	n int := COALESCE(batch, (CASE WHEN current_setting('idempotency.reaper_batch', true) OPERATOR(pg_catalog.<>) ''
 		THEN current_setting('idempotency.reaper_batch', true) END)::int, 10000);
+	reaped bigint;
 BEGIN
 	IF n OPERATOR(pg_catalog.<=) 0 THEN
 		RAISE EXCEPTION 'argument "%" must be positive', 'batch'
@@ -1331,7 +1417,8 @@ BEGIN
 	END IF;
 	PERFORM idempotency._require_writable('idempotency.reap()');
 	PERFORM idempotency._caller();
-	RETURN idempotency._reap(n);
+	INSERT INTO idempotency._calls (op, batch) VALUES ('reap', n) RETURNING result INTO reaped;
+	RETURN reaped;
 END
 $$;
 COMMENT ON FUNCTION idempotency.reap(integer) IS

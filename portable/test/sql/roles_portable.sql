@@ -24,7 +24,8 @@ BEGIN
   RETURN true;
 END $$;
 SELECT count(*) FROM idempotency._own_keys WHERE pg_temp.leak(key, body) AND scope = 'pr';
--- she cannot change or delete bob's
+-- she cannot change bob's, nor delete any record by hand (release and
+-- reap delete, through idempotency._calls)
 UPDATE idempotency._own_keys SET body = 'forged' WHERE key = 'pr-1';
 DELETE FROM idempotency._own_keys WHERE key = 'pr-1';
 -- nor write owner (hand hers to bob, write one as bob), key or scope
@@ -40,7 +41,7 @@ INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt, state
 VALUES (1, now(), now() + interval '1 day', 1, 'in_progress', 'pr', 'pr-1', '\x02')
 ON CONFLICT (key, scope, owner) DO NOTHING;
 SELECT owner, key, fingerprint FROM idempotency._own_keys WHERE key = 'pr-1';
-DELETE FROM idempotency._own_keys WHERE key = 'pr-1';
+SELECT idempotency.release('pr-1', 1, scope => 'pr');
 -- the table itself, and the fence sequence's values, stay closed
 SELECT count(*) FROM idempotency.keys;
 TRUNCATE idempotency.keys;
@@ -56,6 +57,37 @@ DROP FUNCTION pg_temp.leak(text, bytea);
 SET ROLE idem_pr_alice_worker;
 SELECT owner, key FROM idempotency._own_keys WHERE scope = 'pr' ORDER BY key;
 RESET ROLE;
+-- No role can lock the records for the others (it holds column privileges
+-- only, and LOCK TABLE takes none), in any mode: a lock that it held idle
+-- would stall every role's calls and the reap.  A pg_monitor member too.
+CREATE ROLE idem_pr_monitor IN ROLE pg_monitor;
+SET ROLE idem_pr_alice;
+BEGIN;
+LOCK TABLE idempotency._own_keys IN ACCESS EXCLUSIVE MODE;
+ROLLBACK;
+BEGIN;
+LOCK TABLE idempotency._own_keys IN ACCESS SHARE MODE;
+ROLLBACK;
+BEGIN;
+LOCK TABLE idempotency._own_keys IN ROW EXCLUSIVE MODE;
+ROLLBACK;
+BEGIN;
+LOCK TABLE idempotency._calls IN ACCESS EXCLUSIVE MODE;
+ROLLBACK;
+BEGIN;
+LOCK TABLE idempotency.keys IN ACCESS SHARE MODE;
+ROLLBACK;
+SET ROLE idem_pr_monitor;
+BEGIN;
+LOCK TABLE idempotency._own_keys IN ACCESS EXCLUSIVE MODE;
+ROLLBACK;
+-- nor make a call for another role: the caller is current_user
+SET ROLE idem_pr_alice;
+INSERT INTO idempotency._calls (op, key, scope, fence, caller)
+VALUES ('release', 'pr-1', 'pr', :bob_fence, 'idem_pr_bob');
+SELECT idempotency._call();
+RESET ROLE;
+DROP ROLE idem_pr_monitor;
 -- bob's record is as he left it
 SELECT owner, key, state, body FROM idempotency.keys WHERE scope = 'pr' ORDER BY key, owner::text;
 
