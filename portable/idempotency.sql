@@ -182,11 +182,11 @@ CREATE TYPE idempotency.claim_result AS (
 COMMENT ON TYPE idempotency.claim_result IS 'The answer of idempotency.claim()';
 
 ------------------------------------------------------------------------------
--- Internal helpers: arguments, settings, the caller.  The API's functions
--- call them and fix search_path for them (a SET clause of their own would
--- cost each call a search_path change); like the API, they run with their
--- caller's rights, so a role that calls one itself gets nothing the API
--- does not give it.
+-- Internal helpers: arguments, settings, the caller.  The API's work calls
+-- them and fixes search_path for them (a SET clause of their own would
+-- cost each call a search_path change); they run with their caller's
+-- rights, so a role that calls one itself gets nothing the API does not
+-- give it.
 ------------------------------------------------------------------------------
 
 -- Raises 22004 when a required argument is NULL.
