@@ -413,9 +413,11 @@ COMMENT ON FUNCTION idempotency._caller(idempotency._caller_token) IS
 -- its own), to what is left until deadline, unless the caller's own is
 -- shorter: a wait for another transaction's write ends at the deadline.
 -- At most lock_timeout's largest value (about 24.8 days): a longer wait
--- ends then and answers in_progress, as the C edition's does.
+-- ends then and answers in_progress, as the C edition's does.  Returns
+-- whether it set it: a timeout that is the caller's own is the caller's
+-- error (55P03), as in the C edition.
 CREATE FUNCTION idempotency._lock_timeout_until(deadline timestamptz)
-RETURNS void
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -426,7 +428,9 @@ DECLARE
 BEGIN
 	IF caller_ms OPERATOR(pg_catalog.=) 0 OR caller_ms OPERATOR(pg_catalog.>) left_ms THEN
 		PERFORM set_config('lock_timeout', left_ms::bigint::text, true);
+		RETURN true;
 	END IF;
+	RETURN false;
 END
 $$;
 COMMENT ON FUNCTION idempotency._lock_timeout_until(timestamptz) IS
@@ -556,6 +560,7 @@ DECLARE
 	new_fence bigint;
 	won timestamptz;
 	saved_lock_timeout text;
+	our_timeout boolean;
 	wrote boolean;
 	nap float8 := 0.005;
 	inserts_failed int := 0;
@@ -680,9 +685,8 @@ BEGIN
 					-- deadline.  A record it changed is read again.
 					saved_lock_timeout := current_setting('lock_timeout');
 					BEGIN
-						IF p_wait OPERATOR(pg_catalog.>) '0' THEN
-							PERFORM idempotency._lock_timeout_until(deadline);
-						END IF;
+						our_timeout := p_wait OPERATOR(pg_catalog.>) '0'
+							AND idempotency._lock_timeout_until(deadline);
 						PERFORM FROM ONLY idempotency.keys k
 						WHERE k.key OPERATOR(pg_catalog.=) p_key
 						  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
@@ -694,6 +698,9 @@ BEGIN
 						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 					EXCEPTION WHEN lock_not_available THEN
 						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+						IF NOT our_timeout THEN
+							RAISE;
+						END IF;
 						res.outcome := 'in_progress';
 						res.retry_after := 1;
 						RETURN res;
@@ -736,7 +743,7 @@ BEGIN
 		IF step OPERATOR(pg_catalog.<>) 'insert' AND p_wait OPERATOR(pg_catalog.>) '0' THEN
 			saved_lock_timeout := current_setting('lock_timeout');
 			BEGIN
-				PERFORM idempotency._lock_timeout_until(deadline);
+				our_timeout := idempotency._lock_timeout_until(deadline);
 				PERFORM FROM ONLY idempotency.keys k
 				WHERE k.key OPERATOR(pg_catalog.=) p_key
 				  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
@@ -746,6 +753,9 @@ BEGIN
 				PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 			EXCEPTION WHEN lock_not_available THEN
 				PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+				IF NOT our_timeout THEN
+					RAISE;
+				END IF;
 				res.outcome := 'in_progress';
 				res.retry_after := 1;
 				RETURN res;
@@ -761,7 +771,7 @@ BEGIN
 			IF p_wait OPERATOR(pg_catalog.>) '0' THEN
 				saved_lock_timeout := current_setting('lock_timeout');
 				BEGIN
-					PERFORM idempotency._lock_timeout_until(deadline);
+					our_timeout := idempotency._lock_timeout_until(deadline);
 					INSERT INTO idempotency.keys (fence, created_at, expires_at, attempt, owner,
 						lease, lease_expires_at, state, scope, key, fingerprint, token)
 					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
@@ -772,6 +782,9 @@ BEGIN
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 				EXCEPTION WHEN lock_not_available THEN
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+					IF NOT our_timeout THEN
+						RAISE;
+					END IF;
 					res.outcome := 'in_progress';
 					res.retry_after := 1;
 					RETURN res;
