@@ -19,21 +19,22 @@ $_pg_tle_$
  * are put in (uncommented).  docs/portable.md says what
  * differs from the C edition.
  *
- * How the calls run: every API function runs with its caller's rights
- * (SECURITY INVOKER), with search_path fixed to pg_catalog, pg_temp; every
- * operator below is schema-qualified all the same.  A record belongs to the
- * role whose privileges the calling code has (current_user at the call):
- * in another role's SECURITY DEFINER function, or in an index expression
- * that ANALYZE runs as the table's owner, that is the other role, never the
- * session's.  The functions read and write the table only through the view
- * idempotency._own_keys, which shows and accepts only the records of roles
- * whose privileges current_user has (a security barrier with a check
- * option); the view reads the table with its owner's rights.  So a role
- * may read and write its own records through that view (docs/portable.md,
- * "Roles and records"), and never another role's.  Calling a function
- * needs USAGE on the schema, as for any schema; pg_monitor's USAGE (for the
- * stats view) is refused the API.  reap() deletes every role's expired
- * records through _reap(), which runs as the table's owner.
+ * How the calls run: a record belongs to the role whose privileges the
+ * calling code has (current_user at the call): in another role's SECURITY
+ * DEFINER function, or in an index expression that ANALYZE runs as the
+ * table's owner, that is the other role, never the session's.  Each API
+ * function runs with its caller's rights only to make a token of that role
+ * (idempotency._caller_token: only code running as a role can make one
+ * naming it, and it names nobody after the statement that made it), and
+ * hands it with its arguments to its work (_claim_hot, _complete_hot,
+ * _release, _extend, _checkpoint, _lookup, _reap), which runs as the
+ * table's owner (SECURITY DEFINER, search_path = pg_catalog, pg_temp) and
+ * reads and writes only the records of roles whose privileges the token's
+ * role has.  No application role holds a privilege on the table or on any
+ * relation over it: none can lock the records, nor plan a query (EXPLAIN
+ * ANALYZE) that visits another role's.  Every operator below is
+ * schema-qualified.  Calling a function needs USAGE on the schema, as for
+ * any schema; pg_monitor's USAGE (for the stats view) is refused the API.
  *
  * The atomic claim: a claim reads the record with a fresh snapshot and
  * decides in the design's order; only `new` writes, with one conditional
@@ -100,32 +101,16 @@ CREATE INDEX keys_expiry_second_idx ON idempotency.keys (idempotency._expiry_sec
 
 REVOKE ALL ON idempotency.keys FROM PUBLIC;
 
--- The records the calling role may see and write: its own and those of the
--- roles whose privileges it has (pg_has_role checks current_user, which is
--- the caller's, as the API's functions run with their caller's rights; a
--- superuser sees every record).  A security barrier, so that no function of
--- the caller's sees another row first; the check option keeps every row
--- written through it visible to the caller.  The table itself only (ONLY),
--- never a DBA's inheritance child.
-CREATE VIEW idempotency._own_keys WITH (security_barrier) AS
+-- Pins the columns' types: PostgreSQL refuses to change the type of a
+-- column that a view uses (0A000), where the C edition refuses to work with
+-- a changed one (42804).  Open to no role.
+CREATE VIEW idempotency._column_types AS
 SELECT k.fence, k.created_at, k.expires_at, k.attempt, k.owner, k.lease, k.lease_expires_at,
 	k.token, k.completed_at, k.status_code, k.state, k.headers, k.body, k.recovery_point,
 	k.recovery_state, k.scope, k.key, k.fingerprint
-FROM ONLY idempotency.keys k
-WHERE pg_catalog.pg_has_role(k.owner, 'USAGE')
-WITH CASCADED CHECK OPTION;
-COMMENT ON VIEW idempotency._own_keys IS
-	'internal: the records of the calling role and of the roles whose privileges it has; the API reads and writes through it';
--- No role writes owner, key or scope: a row inserted through the view is
--- current_user's (the table's default), and no write can meet, and so tell
--- of, another role's record of the same (scope, key).
-GRANT SELECT, DELETE ON idempotency._own_keys TO PUBLIC;
-GRANT INSERT (fence, created_at, expires_at, attempt, lease, lease_expires_at, token,
-	completed_at, status_code, state, headers, body, recovery_point, recovery_state, scope,
-	key, fingerprint) ON idempotency._own_keys TO PUBLIC;
-GRANT UPDATE (fence, created_at, expires_at, attempt, lease, lease_expires_at, token,
-	completed_at, status_code, state, headers, body, recovery_point, recovery_state,
-	fingerprint) ON idempotency._own_keys TO PUBLIC;
+FROM ONLY idempotency.keys k WHERE false;
+COMMENT ON VIEW idempotency._column_types IS
+	'internal: keeps the types of the columns of idempotency.keys from being changed';
 
 -- Draws a fence: the claims of every role take theirs from one sequence,
 -- which no application role may use itself.  Every name in it is
@@ -141,6 +126,48 @@ END
 $$;
 COMMENT ON FUNCTION idempotency._next_fence() IS
 	'internal: the next fencing token, drawn as the sequence''s owner';
+
+-- Who calls: the role whose privileges the calling code has, as a token
+-- that only code running as that role can make.  The API's functions run
+-- with their caller's rights only to make it (idempotency._me()), and hand
+-- it to their work, which runs as the table's owner (SECURITY DEFINER): no
+-- application role holds any privilege on the table, or on any relation
+-- over it, so none can lock the records or plan a query over them.  The
+-- domain's check runs as the code that makes a token, with its
+-- current_user: a token names that role or none.  The token holds the
+-- backend and the statement's start too, which the work checks: made by a
+-- role's code in one statement, it names nobody in any other (a function
+-- of another role that kept one, from a call of its code that ran as you,
+-- cannot use it later).
+-- (An array, not a row: PL/pgSQL checks a domain over a row type again
+-- when its function receives one, there as the table's owner.)
+CREATE DOMAIN idempotency._caller_token AS bigint[]
+	CHECK (VALUE[1] OPERATOR(pg_catalog.=)
+		pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole::pg_catalog.oid::bigint);
+COMMENT ON DOMAIN idempotency._caller_token IS
+	'internal: {role, backend, statement start}: the role of the code that made it, in the statement that made it';
+
+-- The token of the calling code: its current_user, this backend, the
+-- start of this statement (in microseconds since 1970).
+CREATE FUNCTION idempotency._me()
+RETURNS idempotency._caller_token
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN ARRAY[pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole::pg_catalog.oid::bigint,
+	pg_catalog.pg_backend_pid(),
+	(EXTRACT(epoch FROM pg_catalog.statement_timestamp()) OPERATOR(pg_catalog.*) 1000000)::bigint
+	]::idempotency._caller_token;
+COMMENT ON FUNCTION idempotency._me() IS
+	'internal: a token of the calling role, for the API''s work';
+
+-- Whether a token was made in this statement of this backend, and so names
+-- the role of the code that made it.
+CREATE FUNCTION idempotency._token_holds(me idempotency._caller_token)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN COALESCE(me[1] IS NOT NULL
+	AND me[2:3] OPERATOR(pg_catalog.=) (idempotency._me())[2:3], false);
+COMMENT ON FUNCTION idempotency._token_holds(idempotency._caller_token) IS
+	'internal: whether a token names its role now';
 
 SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.fence_seq', '');
@@ -159,11 +186,11 @@ CREATE TYPE idempotency.claim_result AS (
 COMMENT ON TYPE idempotency.claim_result IS 'The answer of idempotency.claim()';
 
 ------------------------------------------------------------------------------
--- Internal helpers: arguments, settings, the caller.  The API's functions
--- call them and fix search_path for them (a SET clause of their own would
--- cost each call a search_path change); like the API, they run with their
--- caller's rights, so a role that calls one itself gets nothing the API
--- does not give it.
+-- Internal helpers: arguments, settings, the caller.  The API's work calls
+-- them and fixes search_path for them (a SET clause of their own would
+-- cost each call a search_path change); they run with their caller's
+-- rights, so a role that calls one itself gets nothing the API does not
+-- give it.
 ------------------------------------------------------------------------------
 
 -- Raises 22004 when a required argument is NULL.
@@ -348,18 +375,23 @@ $$;
 COMMENT ON FUNCTION idempotency._require_writable(text) IS
 	'internal: raises 25006 in a read-only transaction';
 
--- Returns the calling role, whose records are its own: current_user, the
--- role whose privileges the calling code has (the API's functions run with
--- their caller's rights).  Raises 42501 for a role whose only USAGE on the
--- schema is pg_monitor's (that grant is for the stats view), unless it may
--- read the table anyway (its owner, a member of it, a superuser).
-CREATE FUNCTION idempotency._caller()
+-- Returns the calling role, whose records are its own: the role of the
+-- token, made in this statement of this backend (see _caller_token), else
+-- 42501.  Raises 42501 too for a role whose only USAGE on the schema is
+-- pg_monitor's (that grant is for the stats view), unless it may read the
+-- table anyway (its owner, a member of it, a superuser).
+CREATE FUNCTION idempotency._caller(me idempotency._caller_token)
 RETURNS regrole
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-	caller regrole := quote_ident(current_user)::regrole;
+	caller regrole := me[1]::oid::regrole;
 BEGIN
+	IF NOT idempotency._token_holds(me) THEN
+		RAISE EXCEPTION 'permission denied for schema idempotency'
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'The API acts only for the role whose code calls it, in the statement that calls it.';
+	END IF;
 	IF pg_has_role(caller, 'pg_monitor', 'USAGE')
 	   AND NOT has_table_privilege(caller, 'idempotency.keys'::pg_catalog.regclass, 'SELECT')
 	   AND NOT EXISTS (
@@ -378,8 +410,35 @@ BEGIN
 	RETURN caller;
 END
 $$;
-COMMENT ON FUNCTION idempotency._caller() IS
+COMMENT ON FUNCTION idempotency._caller(idempotency._caller_token) IS
 	'internal: the calling role, allowed to use the API';
+
+-- Sets lock_timeout, to the end of the transaction (the caller restores
+-- its own), to what is left until deadline, unless the caller's own is
+-- shorter: a wait for another transaction's write ends at the deadline.
+-- At most lock_timeout's largest value (about 24.8 days): a longer wait
+-- ends then and answers in_progress, as the C edition's does.  Returns
+-- whether it set it: a timeout that is the caller's own is the caller's
+-- error (55P03), as in the C edition.
+CREATE FUNCTION idempotency._lock_timeout_until(deadline timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+	caller_ms float8 := EXTRACT(epoch FROM current_setting('lock_timeout')::interval)
+		OPERATOR(pg_catalog.*) 1000;
+	left_ms float8 := GREATEST(1, LEAST(2147483647, ceil(EXTRACT(epoch FROM
+		deadline OPERATOR(pg_catalog.-) clock_timestamp()) OPERATOR(pg_catalog.*) 1000)));
+BEGIN
+	IF caller_ms OPERATOR(pg_catalog.=) 0 OR caller_ms OPERATOR(pg_catalog.>) left_ms THEN
+		PERFORM set_config('lock_timeout', left_ms::bigint::text, true);
+		RETURN true;
+	END IF;
+	RETURN false;
+END
+$$;
+COMMENT ON FUNCTION idempotency._lock_timeout_until(timestamptz) IS
+	'internal: bounds lock_timeout by what is left of a claim''s wait';
 
 -- Raises IK001: the fence no longer owns the claim.
 CREATE FUNCTION idempotency._fence_lost(key text)
@@ -475,6 +534,7 @@ COMMENT ON FUNCTION idempotency._filter_headers(jsonb) IS
 -- waits.  claim() answers a new key and a replay itself, and calls this for
 -- everything else.
 CREATE FUNCTION idempotency._claim(
+	me idempotency._caller_token,
 	key text,
 	fingerprint bytea,
 	scope text,
@@ -504,15 +564,15 @@ DECLARE
 	new_fence bigint;
 	won timestamptz;
 	saved_lock_timeout text;
+	our_timeout boolean;
 	wrote boolean;
 	nap float8 := 0.005;
 	inserts_failed int := 0;
 	tries int := 0;
 BEGIN
-	-- FORCE ROW LEVEL SECURITY binds the table's owner, as whom the API is
-	-- meant to read; _own_keys reads the table as its own owner, whom the
-	-- policies may not bind (a superuser): refused, as the C edition refuses
-	-- it, rather than read and write past the policies.
+	-- FORCE ROW LEVEL SECURITY binds the table's owner, as whom the API
+	-- reads; the policies would hide records from it, or not bind it (a
+	-- superuser): refused, as the C edition refuses it.
 	IF EXISTS (SELECT FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
 			   AND r.relrowsecurity AND r.relforcerowsecurity) THEN
 		RAISE EXCEPTION 'row-level security of idempotency.keys applies to its owner, as whom the API runs'
@@ -576,7 +636,7 @@ BEGIN
 	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
 		PERFORM idempotency._require_writable('idempotency.claim()');
 	END IF;
-	caller := idempotency._caller();
+	caller := idempotency._caller(me);
 	-- Under REPEATABLE READ or SERIALIZABLE the snapshot would hide the
 	-- owner's complete or release: such a claim does not wait for them.
 	IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
@@ -596,9 +656,10 @@ BEGIN
 				 AND (k.state OPERATOR(pg_catalog.=) 'completed'
 					  OR k.lease_expires_at OPERATOR(pg_catalog.<=) now) AS expired
 		INTO rec
-		FROM idempotency._own_keys k
+		FROM ONLY idempotency.keys k
 		WHERE k.key OPERATOR(pg_catalog.=) p_key
 		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
 		ORDER BY (k.expires_at OPERATOR(pg_catalog.<=) now
 				  AND (k.state OPERATOR(pg_catalog.=) 'completed'
 					   OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)),
@@ -628,12 +689,9 @@ BEGIN
 					-- deadline.  A record it changed is read again.
 					saved_lock_timeout := current_setting('lock_timeout');
 					BEGIN
-						IF p_wait OPERATOR(pg_catalog.>) '0' AND (saved_lock_timeout OPERATOR(pg_catalog.=) '0'
-						   OR saved_lock_timeout::interval OPERATOR(pg_catalog.>) (deadline OPERATOR(pg_catalog.-) now)) THEN
-							PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
-								deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
-						END IF;
-						PERFORM FROM idempotency._own_keys k
+						our_timeout := p_wait OPERATOR(pg_catalog.>) '0'
+							AND idempotency._lock_timeout_until(deadline);
+						PERFORM FROM ONLY idempotency.keys k
 						WHERE k.key OPERATOR(pg_catalog.=) p_key
 						  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 						  AND k.owner OPERATOR(pg_catalog.=) caller
@@ -644,6 +702,9 @@ BEGIN
 						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 					EXCEPTION WHEN lock_not_available THEN
 						PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+						IF NOT our_timeout THEN
+							RAISE;
+						END IF;
 						res.outcome := 'in_progress';
 						res.retry_after := 1;
 						RETURN res;
@@ -680,6 +741,31 @@ BEGIN
 			END IF;
 		END IF;
 
+		-- With wait, a transaction writing the record (a late complete in
+		-- one transaction, another takeover) is waited for at most until the
+		-- deadline, as by the C edition: the row is locked first.
+		IF step OPERATOR(pg_catalog.<>) 'insert' AND p_wait OPERATOR(pg_catalog.>) '0' THEN
+			saved_lock_timeout := current_setting('lock_timeout');
+			BEGIN
+				our_timeout := idempotency._lock_timeout_until(deadline);
+				PERFORM FROM ONLY idempotency.keys k
+				WHERE k.key OPERATOR(pg_catalog.=) p_key
+				  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
+				  AND k.owner OPERATOR(pg_catalog.=) rec.owner
+				  AND k.fence OPERATOR(pg_catalog.=) rec.fence
+				FOR UPDATE;
+				PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+			EXCEPTION WHEN lock_not_available THEN
+				PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+				IF NOT our_timeout THEN
+					RAISE;
+				END IF;
+				res.outcome := 'in_progress';
+				res.retry_after := 1;
+				RETURN res;
+			END;
+		END IF;
+
 		-- The clock after the read: a lease starts when it is won.
 		now := clock_timestamp();
 		new_fence := idempotency._next_fence();
@@ -689,14 +775,10 @@ BEGIN
 			IF p_wait OPERATOR(pg_catalog.>) '0' THEN
 				saved_lock_timeout := current_setting('lock_timeout');
 				BEGIN
-					IF saved_lock_timeout OPERATOR(pg_catalog.=) '0'
-					   OR saved_lock_timeout::interval OPERATOR(pg_catalog.>) (deadline OPERATOR(pg_catalog.-) now) THEN
-						PERFORM set_config('lock_timeout', GREATEST(1, ceil(EXTRACT(epoch FROM
-							deadline OPERATOR(pg_catalog.-) now) OPERATOR(pg_catalog.*) 1000))::text, true);
-					END IF;
-					INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt,
+					our_timeout := idempotency._lock_timeout_until(deadline);
+					INSERT INTO idempotency.keys (fence, created_at, expires_at, attempt, owner,
 						lease, lease_expires_at, state, scope, key, fingerprint, token)
-					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1,
+					VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
 						p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 						p_key, p_fp, p_token)
 					ON CONFLICT (key, scope, owner) DO NOTHING;
@@ -704,14 +786,17 @@ BEGIN
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 				EXCEPTION WHEN lock_not_available THEN
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+					IF NOT our_timeout THEN
+						RAISE;
+					END IF;
 					res.outcome := 'in_progress';
 					res.retry_after := 1;
 					RETURN res;
 				END;
 			ELSE
-				INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt,
+				INSERT INTO idempotency.keys (fence, created_at, expires_at, attempt, owner,
 					lease, lease_expires_at, state, scope, key, fingerprint, token)
-				VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1,
+				VALUES (new_fence, now, now OPERATOR(pg_catalog.+) p_retention, 1, caller,
 					p_lease, now OPERATOR(pg_catalog.+) p_lease, 'in_progress', p_scope,
 					p_key, p_fp, p_token)
 				ON CONFLICT (key, scope, owner) DO NOTHING;
@@ -734,7 +819,7 @@ BEGIN
 			END IF;
 		ELSIF step OPERATOR(pg_catalog.=) 'reset' THEN
 			-- The caller's own expired record becomes a new claim.
-			UPDATE idempotency._own_keys k SET fingerprint = p_fp, state = 'in_progress',
+			UPDATE ONLY idempotency.keys k SET fingerprint = p_fp, state = 'in_progress',
 				fence = new_fence, attempt = 1, lease = p_lease,
 				lease_expires_at = now OPERATOR(pg_catalog.+) p_lease,
 				recovery_point = NULL, recovery_state = NULL, status_code = NULL,
@@ -756,7 +841,7 @@ BEGIN
 		ELSE
 			-- A takeover of an ended lease: a new fence, one more attempt,
 			-- the recovery point kept; the expiry moves with the lease's end.
-			UPDATE idempotency._own_keys k SET fence = new_fence,
+			UPDATE ONLY idempotency.keys k SET fence = new_fence,
 				attempt = k.attempt OPERATOR(pg_catalog.+) 1, lease = p_lease,
 				lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) p_lease),
 				expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
@@ -783,7 +868,7 @@ BEGIN
 			-- row restarts the lease (and a reset record's life) when it won.
 			won := clock_timestamp();
 			IF won OPERATOR(pg_catalog.-) now OPERATOR(pg_catalog.>) '1 ms'::interval THEN
-				UPDATE idempotency._own_keys k
+				UPDATE ONLY idempotency.keys k
 				SET lease_expires_at = won OPERATOR(pg_catalog.+) k.lease,
 					created_at = CASE WHEN step OPERATOR(pg_catalog.=) 'reset' THEN won ELSE k.created_at END,
 					expires_at = CASE WHEN step OPERATOR(pg_catalog.=) 'reset'
@@ -793,7 +878,8 @@ BEGIN
 							'0'::interval) END
 				WHERE k.key OPERATOR(pg_catalog.=) p_key
 				  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
-				  AND k.fence OPERATOR(pg_catalog.=) new_fence;
+				  AND k.fence OPERATOR(pg_catalog.=) new_fence
+				  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'));
 				IF step OPERATOR(pg_catalog.=) 'reset' THEN
 					res.created_at := won;
 				END IF;
@@ -811,79 +897,83 @@ BEGIN
 	END LOOP;
 END
 $$;
-CREATE FUNCTION idempotency.claim(
+CREATE FUNCTION idempotency._claim_hot(
+	me idempotency._caller_token,
 	key text,
 	fingerprint bytea,
-	scope text DEFAULT NULL,
-	lease interval DEFAULT NULL,
-	retention interval DEFAULT NULL,
-	wait interval DEFAULT NULL,
-	token uuid DEFAULT NULL)
+	scope text,
+	lease interval,
+	retention interval,
+	wait interval,
+	token uuid)
 RETURNS idempotency.claim_result
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
--- The hot path: a new key, or a replay of the caller's own record, with the
+-- claim()'s work, as the table's owner for the role of the token.  The hot path: a new key, or a replay of the caller's own record, with the
 -- default lease and retention (unset, or set as the C edition shows its
 -- defaults: its library may be loaded too), no wait, in READ COMMITTED.  A PL/pgSQL
 -- function prepares each of its expressions again in every transaction:
--- this one has few, and leaves every other case to _claim.  (ON CONFLICT
+-- this one has few, and leaves every other case to __claim_hot.  (ON CONFLICT
 -- names the primary key's columns, which the arguments would shadow.)
 #variable_conflict use_column
 DECLARE
+	caller regrole := me[1]::oid::regrole;
 	rec record;
 	new_fence bigint;
 	new_created_at timestamptz;
 BEGIN
-	IF claim.key IS NULL OR octet_length(claim.key) OPERATOR(pg_catalog.>) 255
-	   OR claim.key OPERATOR(pg_catalog.=) '' OR claim.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
-	   OR claim.fingerprint IS NULL OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.>) 64
-	   OR octet_length(claim.fingerprint) OPERATOR(pg_catalog.=) 0
-	   OR octet_length(COALESCE(claim.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
-	   OR COALESCE(claim.scope, current_setting('idempotency.scope', true), '')
+	IF _claim_hot.key IS NULL OR octet_length(_claim_hot.key) OPERATOR(pg_catalog.>) 255
+	   OR _claim_hot.key OPERATOR(pg_catalog.=) '' OR _claim_hot.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR _claim_hot.fingerprint IS NULL OR octet_length(_claim_hot.fingerprint) OPERATOR(pg_catalog.>) 64
+	   OR octet_length(_claim_hot.fingerprint) OPERATOR(pg_catalog.=) 0
+	   OR octet_length(COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
+	   OR COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), '')
 		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
-	   OR claim.lease IS NOT NULL OR claim.retention IS NOT NULL OR claim.wait IS NOT NULL
+	   OR _claim_hot.lease IS NOT NULL OR _claim_hot.retention IS NOT NULL OR _claim_hot.wait IS NOT NULL
 	   OR COALESCE(current_setting('idempotency.lease', true), '1min') OPERATOR(pg_catalog.<>) '1min'
 	   OR COALESCE(current_setting('idempotency.retention', true), '1d') OPERATOR(pg_catalog.<>) '1d'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-		RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
-								  claim.retention, claim.wait, claim.token);
+	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+	   OR NOT idempotency._token_holds(me) THEN
+		RETURN idempotency._claim(me, _claim_hot.key, _claim_hot.fingerprint, _claim_hot.scope, _claim_hot.lease,
+								  _claim_hot.retention, _claim_hot.wait, _claim_hot.token);
 	END IF;
 	-- The caller's record of (scope, key), its own first (see _claim), and
 	-- whether _claim has to check more (FORCE ROW LEVEL SECURITY, a
 	-- pg_monitor member's right to the API).  Each is a few plan nodes the
 	-- executor sets up at every call: no join, no subquery.
-	SELECT k.owner OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole AS own,
-		   k.fingerprint OPERATOR(pg_catalog.=) claim.fingerprint AS same_fp,
+	SELECT k.owner OPERATOR(pg_catalog.=) caller AS own,
+		   k.fingerprint OPERATOR(pg_catalog.=) _claim_hot.fingerprint AS same_fp,
 		   k.state OPERATOR(pg_catalog.=) 'completed'
 			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS live_completed,
 		   k.status_code, k.headers, k.body, k.created_at,
 		   (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
-				   OR (pg_has_role('pg_monitor', 'USAGE') AND NOT has_table_privilege(r.oid, 'SELECT'))
+				   OR (pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT has_table_privilege(caller, r.oid, 'SELECT'))
 			FROM pg_catalog.pg_class r
 			WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) AS check_more
 	INTO rec
-	FROM idempotency._own_keys k
-	WHERE k.key OPERATOR(pg_catalog.=) (claim.key COLLATE "C")
+	FROM ONLY idempotency.keys k
+	WHERE k.key OPERATOR(pg_catalog.=) (_claim_hot.key COLLATE "C")
 	  AND k.scope OPERATOR(pg_catalog.=)
-		  (COALESCE(claim.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
-	ORDER BY k.owner OPERATOR(pg_catalog.<>) quote_ident(current_user)::regrole
+		  (COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
+	ORDER BY k.owner OPERATOR(pg_catalog.<>) caller
 	LIMIT 1;
 	IF NOT FOUND THEN
 		-- No record: one INSERT, which the primary key settles (waiting, as
 		-- it does, for a transaction inserting the same record); none when
 		-- _claim has more to check.  The clock is read after the read: a
 		-- lease starts when it is won.
-		INSERT INTO idempotency._own_keys AS k (fence, created_at, expires_at, attempt,
+		INSERT INTO idempotency.keys AS k (fence, created_at, expires_at, attempt, owner,
 			lease, lease_expires_at, state, scope, key, fingerprint, token)
-		SELECT idempotency._next_fence(), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1,
+		SELECT idempotency._next_fence(), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1, caller,
 			'60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
-			COALESCE(claim.scope, current_setting('idempotency.scope', true), ''),
-			claim.key, claim.fingerprint, claim.token
+			COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), ''),
+			_claim_hot.key, _claim_hot.fingerprint, _claim_hot.token
 		FROM (SELECT clock_timestamp() AS now) t
 		WHERE NOT (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
-						  OR (pg_has_role('pg_monitor', 'USAGE') AND NOT has_table_privilege(r.oid, 'SELECT'))
+						  OR (pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT has_table_privilege(caller, r.oid, 'SELECT'))
 				   FROM pg_catalog.pg_class r
 				   WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass)
 		ON CONFLICT (key, scope, owner) DO NOTHING
@@ -895,18 +985,39 @@ BEGIN
 		RETURN ROW('replay', NULL, NULL, rec.status_code, rec.headers, rec.body, NULL, NULL, NULL,
 				   rec.created_at)::idempotency.claim_result;
 	END IF;
-	RETURN idempotency._claim(claim.key, claim.fingerprint, claim.scope, claim.lease,
-							  claim.retention, claim.wait, claim.token);
+	RETURN idempotency._claim(me, _claim_hot.key, _claim_hot.fingerprint, _claim_hot.scope, _claim_hot.lease,
+							  _claim_hot.retention, _claim_hot.wait, _claim_hot.token);
 END
 $$;
-COMMENT ON FUNCTION idempotency._claim(text, bytea, text, interval, interval, interval, uuid) IS
+-- The API's functions make the caller's token with its rights and hand
+-- their arguments to their work; every name in them is qualified, so they
+-- need no search_path of their own.
+CREATE FUNCTION idempotency.claim(
+	key text,
+	fingerprint bytea,
+	scope text DEFAULT NULL,
+	lease interval DEFAULT NULL,
+	retention interval DEFAULT NULL,
+	wait interval DEFAULT NULL,
+	token uuid DEFAULT NULL)
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+	RETURN idempotency._claim_hot(idempotency._me(), key, fingerprint, scope, lease, retention, wait, token);
+END
+$$;
+COMMENT ON FUNCTION idempotency._claim(idempotency._caller_token, text, bytea, text, interval, interval, interval, uuid) IS
 	'internal: claim() in full, for all but its hot path';
+COMMENT ON FUNCTION idempotency._claim_hot(idempotency._caller_token, text, bytea, text, interval, interval, interval, uuid) IS
+	'internal: claim()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.claim(text, bytea, text, interval, interval, interval, uuid) IS
 	'Claims an idempotency key: new (run the request), replay, in_progress or mismatch';
 
 -- complete() in full; complete() stores a 1xx-4xx response without
 -- headers itself, and calls this for everything else.
 CREATE FUNCTION idempotency._complete(
+	me idempotency._caller_token,
 	key text,
 	fence bigint,
 	status_code integer,
@@ -926,6 +1037,7 @@ DECLARE
 	release boolean;
 	size bigint;
 	now timestamptz;
+	caller regrole;
 BEGIN
 	-- The helpers' checks inline, as in claim.
 	IF p_key IS NULL OR octet_length(p_key) OPERATOR(pg_catalog.>) 255 OR p_key OPERATOR(pg_catalog.=) ''
@@ -970,16 +1082,17 @@ BEGIN
 	IF current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
 		PERFORM idempotency._require_writable('idempotency.complete()');
 	END IF;
-	PERFORM idempotency._caller();
+	caller := idempotency._caller(me);
 	IF release THEN
-		DELETE FROM idempotency._own_keys k
+		DELETE FROM ONLY idempotency.keys k
 		WHERE k.key OPERATOR(pg_catalog.=) p_key
 		  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 		  AND k.fence OPERATOR(pg_catalog.=) p_fence
-		  AND k.state OPERATOR(pg_catalog.=) 'in_progress';
+		  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'));
 	ELSE
 		now := clock_timestamp();
-		UPDATE idempotency._own_keys k
+		UPDATE ONLY idempotency.keys k
 		SET state = 'completed', status_code = p_status, headers = p_headers, body = p_body,
 			completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
 		WHERE k.key OPERATOR(pg_catalog.=) p_key
@@ -987,12 +1100,65 @@ BEGIN
 		  AND k.fence OPERATOR(pg_catalog.=) p_fence
 		  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
 		  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now
-				   AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
+				   AND k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+		  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'));
 	END IF;
 	IF NOT FOUND THEN
 		PERFORM idempotency._fence_lost(p_key);
 	END IF;
 	RETURN CASE WHEN release THEN 'released' ELSE 'stored' END;
+END
+$$;
+CREATE FUNCTION idempotency._complete_hot(
+	me idempotency._caller_token,
+	key text,
+	fence bigint,
+	status_code integer,
+	body bytea,
+	headers jsonb,
+	scope text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- complete()'s work, as the table's owner for the role of the token.  The
+-- hot path, as claim's: few expressions, the rest in __complete_hot.
+DECLARE
+	caller regrole := me[1]::oid::regrole;
+	now timestamptz;
+BEGIN
+	IF _complete_hot.key IS NULL OR octet_length(_complete_hot.key) OPERATOR(pg_catalog.>) 255
+	   OR _complete_hot.key OPERATOR(pg_catalog.=) '' OR _complete_hot.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR _complete_hot.fence IS NULL OR _complete_hot.status_code IS NULL
+	   OR _complete_hot.status_code OPERATOR(pg_catalog.<) 100 OR _complete_hot.status_code OPERATOR(pg_catalog.>) 499
+	   OR _complete_hot.headers IS NOT NULL
+	   OR octet_length(COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
+	   OR COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '')
+		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR octet_length(_complete_hot.body) OPERATOR(pg_catalog.>) 1048576
+	   OR COALESCE(current_setting('idempotency.max_response_bytes', true), '1MB') OPERATOR(pg_catalog.<>) '1MB'
+	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+	   OR NOT idempotency._token_holds(me)
+	   OR (pg_has_role(caller, 'pg_monitor', 'USAGE')
+		   AND NOT has_table_privilege(caller, 'idempotency.keys'::pg_catalog.regclass, 'SELECT')) THEN
+		RETURN idempotency._complete(me, _complete_hot.key, _complete_hot.fence, _complete_hot.status_code,
+									 _complete_hot.body, _complete_hot.headers, _complete_hot.scope);
+	END IF;
+	now := clock_timestamp();
+	UPDATE ONLY idempotency.keys k
+	SET state = 'completed', status_code = _complete_hot.status_code, headers = NULL, body = _complete_hot.body,
+		completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
+	WHERE k.key OPERATOR(pg_catalog.=) (_complete_hot.key COLLATE "C")
+	  AND k.scope OPERATOR(pg_catalog.=)
+		  (COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
+	  AND k.fence OPERATOR(pg_catalog.=) _complete_hot.fence
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'));
+	IF NOT FOUND THEN
+		PERFORM idempotency._fence_lost(_complete_hot.key);
+	END IF;
+	RETURN 'stored';
 END
 $$;
 CREATE FUNCTION idempotency.complete(
@@ -1004,58 +1170,29 @@ CREATE FUNCTION idempotency.complete(
 	scope text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
--- The hot path, as claim's: few expressions, the rest in _complete.
-DECLARE
-	now timestamptz;
 BEGIN
-	IF complete.key IS NULL OR octet_length(complete.key) OPERATOR(pg_catalog.>) 255
-	   OR complete.key OPERATOR(pg_catalog.=) '' OR complete.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
-	   OR complete.fence IS NULL OR complete.status_code IS NULL
-	   OR complete.status_code OPERATOR(pg_catalog.<) 100 OR complete.status_code OPERATOR(pg_catalog.>) 499
-	   OR complete.headers IS NOT NULL
-	   OR octet_length(COALESCE(complete.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
-	   OR COALESCE(complete.scope, current_setting('idempotency.scope', true), '')
-		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
-	   OR octet_length(complete.body) OPERATOR(pg_catalog.>) 1048576
-	   OR COALESCE(current_setting('idempotency.max_response_bytes', true), '1MB') OPERATOR(pg_catalog.<>) '1MB'
-	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-	   OR (pg_has_role('pg_monitor', 'USAGE')
-		   AND NOT has_table_privilege('idempotency.keys'::pg_catalog.regclass, 'SELECT')) THEN
-		RETURN idempotency._complete(complete.key, complete.fence, complete.status_code,
-									 complete.body, complete.headers, complete.scope);
-	END IF;
-	now := clock_timestamp();
-	UPDATE idempotency._own_keys k
-	SET state = 'completed', status_code = complete.status_code, headers = NULL, body = complete.body,
-		completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
-	WHERE k.key OPERATOR(pg_catalog.=) (complete.key COLLATE "C")
-	  AND k.scope OPERATOR(pg_catalog.=)
-		  (COALESCE(complete.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
-	  AND k.fence OPERATOR(pg_catalog.=) complete.fence
-	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
-	IF NOT FOUND THEN
-		PERFORM idempotency._fence_lost(complete.key);
-	END IF;
-	RETURN 'stored';
+	RETURN idempotency._complete_hot(idempotency._me(), key, fence, status_code, body, headers, scope);
 END
 $$;
-COMMENT ON FUNCTION idempotency._complete(text, bigint, integer, bytea, jsonb, text) IS
+COMMENT ON FUNCTION idempotency._complete(idempotency._caller_token, text, bigint, integer, bytea, jsonb, text) IS
 	'internal: complete() in full, for all but its hot path';
+COMMENT ON FUNCTION idempotency._complete_hot(idempotency._caller_token, text, bigint, integer, bytea, jsonb, text) IS
+	'internal: complete()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.complete(text, bigint, integer, bytea, jsonb, text) IS
 	'Stores the response of a claim (stored), or releases it for a 5xx (released)';
 
-CREATE FUNCTION idempotency.release(
+CREATE FUNCTION idempotency._release(
+	me idempotency._caller_token,
 	key text,
 	fence bigint,
-	scope text DEFAULT NULL)
+	scope text)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	caller regrole;
 	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
 	p_scope text;
@@ -1063,28 +1200,44 @@ BEGIN
 	PERFORM idempotency._require(p_fence, 'fence');
 	p_scope := idempotency._scope(scope);
 	PERFORM idempotency._require_writable('idempotency.release()');
-	PERFORM idempotency._caller();
-	DELETE FROM idempotency._own_keys k
+	caller := idempotency._caller(me);
+	DELETE FROM ONLY idempotency.keys k
 	WHERE k.key OPERATOR(pg_catalog.=) p_key
 	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 	  AND k.fence OPERATOR(pg_catalog.=) p_fence
-	  AND k.state OPERATOR(pg_catalog.=) 'in_progress';
+	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'));
 	RETURN FOUND;
 END
 $$;
+CREATE FUNCTION idempotency.release(
+	key text,
+	fence bigint,
+	scope text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+	RETURN idempotency._release(idempotency._me(), key, fence, scope);
+END
+$$;
+COMMENT ON FUNCTION idempotency._release(idempotency._caller_token, text, bigint, text) IS
+	'internal: release()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.release(text, bigint, text) IS
 	'Deletes a claim so that the next retry runs again; false when the fence no longer owns it';
 
-CREATE FUNCTION idempotency.extend(
+CREATE FUNCTION idempotency._extend(
+	me idempotency._caller_token,
 	key text,
 	fence bigint,
-	lease interval DEFAULT NULL,
-	scope text DEFAULT NULL)
+	lease interval,
+	scope text)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	caller regrole;
 	now timestamptz := clock_timestamp();
 	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
@@ -1099,9 +1252,9 @@ BEGIN
 	END IF;
 	p_scope := idempotency._scope(scope);
 	PERFORM idempotency._require_writable('idempotency.extend()');
-	PERFORM idempotency._caller();
+	caller := idempotency._caller(me);
 	-- The lease's end never moves earlier; the expiry moves as much as it.
-	UPDATE idempotency._own_keys k
+	UPDATE ONLY idempotency.keys k
 	SET lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) COALESCE(p_lease, k.lease)),
 		expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
 			(now OPERATOR(pg_catalog.+) COALESCE(p_lease, k.lease)) OPERATOR(pg_catalog.-) k.lease_expires_at,
@@ -1111,6 +1264,7 @@ BEGIN
 	  AND k.fence OPERATOR(pg_catalog.=) p_fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
 	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
 	RETURNING k.lease_expires_at INTO ends;
 	IF NOT FOUND THEN
 		PERFORM idempotency._fence_lost(p_key);
@@ -1118,20 +1272,36 @@ BEGIN
 	RETURN ends;
 END
 $$;
+CREATE FUNCTION idempotency.extend(
+	key text,
+	fence bigint,
+	lease interval DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+	RETURN idempotency._extend(idempotency._me(), key, fence, lease, scope);
+END
+$$;
+COMMENT ON FUNCTION idempotency._extend(idempotency._caller_token, text, bigint, interval, text) IS
+	'internal: extend()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.extend(text, bigint, interval, text) IS
 	'Renews the lease of a claim; returns when it now ends';
 
-CREATE FUNCTION idempotency.checkpoint(
+CREATE FUNCTION idempotency._checkpoint(
+	me idempotency._caller_token,
 	key text,
 	fence bigint,
 	recovery_point text,
-	recovery_state jsonb DEFAULT NULL,
-	scope text DEFAULT NULL)
+	recovery_state jsonb,
+	scope text)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	caller regrole;
 	p_key text COLLATE "C" := idempotency._check_key(key);
 	p_fence bigint := fence;
 	p_point text := recovery_point;
@@ -1154,9 +1324,9 @@ BEGIN
 								  size, idempotency._max_response_bytes());
 	END IF;
 	PERFORM idempotency._require_writable('idempotency.checkpoint()');
-	PERFORM idempotency._caller();
+	caller := idempotency._caller(me);
 	now := clock_timestamp();
-	UPDATE idempotency._own_keys k
+	UPDATE ONLY idempotency.keys k
 	SET recovery_point = p_point, recovery_state = p_state,
 		lease_expires_at = GREATEST(k.lease_expires_at, now OPERATOR(pg_catalog.+) k.lease),
 		expires_at = k.expires_at OPERATOR(pg_catalog.+) GREATEST(
@@ -1165,38 +1335,56 @@ BEGIN
 	  AND k.scope OPERATOR(pg_catalog.=) (p_scope COLLATE "C")
 	  AND k.fence OPERATOR(pg_catalog.=) p_fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
-	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now);
+	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'));
 	IF NOT FOUND THEN
 		PERFORM idempotency._fence_lost(p_key);
 	END IF;
 END
 $$;
+CREATE FUNCTION idempotency.checkpoint(
+	key text,
+	fence bigint,
+	recovery_point text,
+	recovery_state jsonb DEFAULT NULL,
+	scope text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+	PERFORM idempotency._checkpoint(idempotency._me(), key, fence, recovery_point, recovery_state, scope);
+END
+$$;
+COMMENT ON FUNCTION idempotency._checkpoint(idempotency._caller_token, text, bigint, text, jsonb, text) IS
+	'internal: checkpoint()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.checkpoint(text, bigint, text, jsonb, text) IS
 	'Saves the progress of multi-step work, handed to the next attempt after a takeover, and renews the lease';
 
 -- The record lookup shows: its columns named apart from the arguments
 -- (PL/pgSQL would not tell them apart).
-CREATE FUNCTION idempotency._lookup(p_key text, p_scope text)
+CREATE FUNCTION idempotency._lookup(me idempotency._caller_token, p_key text, p_scope text)
 RETURNS TABLE (r_scope text, r_key text, r_fingerprint bytea, r_state text,
 	r_attempt integer, r_lease interval, r_lease_expires_at timestamptz,
 	r_recovery_point text, r_recovery_state jsonb, r_status_code integer,
 	r_headers jsonb, r_body bytea, r_created_at timestamptz,
 	r_completed_at timestamptz, r_expires_at timestamptz)
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE ROWS 1
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE ROWS 1 SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	now timestamptz := clock_timestamp();
 	k_key text COLLATE "C" := idempotency._check_key(p_key);
 	k_scope text := idempotency._scope(p_scope);
-	caller regrole := idempotency._caller();
+	caller regrole := idempotency._caller(me);
 BEGIN
 	RETURN QUERY
 	SELECT k.scope::text, k.key::text, k.fingerprint, k.state::text, k.attempt, k.lease,
 		   k.lease_expires_at, k.recovery_point, k.recovery_state, k.status_code, k.headers,
 		   k.body, k.created_at, k.completed_at, k.expires_at
-	FROM idempotency._own_keys k
+	FROM ONLY idempotency.keys k
 	WHERE k.key OPERATOR(pg_catalog.=) k_key
 	  AND k.scope OPERATOR(pg_catalog.=) (k_scope COLLATE "C")
+	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
 	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now
 			   AND (k.state OPERATOR(pg_catalog.=) 'completed'
 					OR k.lease_expires_at OPERATOR(pg_catalog.<=) now))
@@ -1204,8 +1392,8 @@ BEGIN
 	LIMIT 1;
 END
 $$;
-COMMENT ON FUNCTION idempotency._lookup(text, text) IS
-	'internal: the record of lookup()';
+COMMENT ON FUNCTION idempotency._lookup(idempotency._caller_token, text, text) IS
+	'internal: the record of lookup(), read as the table''s owner for the caller';
 
 -- VOLATILE: it reads the clock, so two calls in one statement may differ.
 CREATE FUNCTION idempotency.lookup(
@@ -1229,7 +1417,7 @@ CREATE FUNCTION idempotency.lookup(
 RETURNS SETOF record
 LANGUAGE sql VOLATILE PARALLEL SAFE ROWS 1
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT * FROM idempotency._lookup($1, $2) $$;
+AS $$ SELECT * FROM idempotency._lookup(idempotency._me(), $1, $2) $$;
 COMMENT ON FUNCTION idempotency.lookup(text, text) IS
 	'Shows the record of a key as claim sees it, without its fence; read-only, works on a standby';
 
@@ -1292,50 +1480,54 @@ RETURN idempotency._fingerprint(method, path,
 COMMENT ON FUNCTION idempotency.fingerprint_json(text, text, jsonb, text) IS
 	'SHA-256 of a request with a JSON body, whatever its key order and whitespace';
 
--- Deletes up to n expired records of every role, oldest first through the
--- reaper's index, skipping locked ones; returns how many.  As the table's
--- owner (SECURITY DEFINER): whoever schedules it reaps every role's
--- records, and only expired ones, whatever the caller passes.  The table
--- itself only (ONLY): a ctid names a row of one table.
-CREATE FUNCTION idempotency._reap(n integer)
+-- reap()'s work: deletes up to batch expired records, oldest first
+-- through the reaper's index, skipping locked ones, of the roles whose
+-- privileges the caller has, so that one role's transaction never holds
+-- another's records; of every role for the table's owner, its members and
+-- superusers (the scheduled reap).  The table itself only (ONLY): a ctid
+-- names a row of one table.
+CREATE FUNCTION idempotency._reap(me idempotency._caller_token, batch integer)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	now timestamptz := clock_timestamp();
-	reaped bigint;
-BEGIN
-	DELETE FROM ONLY idempotency.keys WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
-		SELECT k.ctid FROM ONLY idempotency.keys k
-		WHERE idempotency._expiry_second(k.expires_at) OPERATOR(pg_catalog.<=) idempotency._expiry_second(now)
-		  AND k.expires_at OPERATOR(pg_catalog.<=) now
-		  AND (k.state OPERATOR(pg_catalog.=) 'completed' OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)
-		ORDER BY idempotency._expiry_second(k.expires_at), k.expires_at
-		LIMIT GREATEST(n, 0) FOR UPDATE SKIP LOCKED));
-	GET DIAGNOSTICS reaped = ROW_COUNT;
-	RETURN reaped;
-END
-$$;
-COMMENT ON FUNCTION idempotency._reap(integer) IS
-	'internal: deletes up to n expired records of every role, as the table''s owner';
-
-CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
 	n int := COALESCE(batch, (CASE WHEN current_setting('idempotency.reaper_batch', true) OPERATOR(pg_catalog.<>) ''
 		THEN current_setting('idempotency.reaper_batch', true) END)::int, 10000);
+	now timestamptz := clock_timestamp();
+	caller regrole;
+	every_owner boolean;
+	reaped bigint;
 BEGIN
 	IF n OPERATOR(pg_catalog.<=) 0 THEN
 		RAISE EXCEPTION 'argument "%" must be positive', 'batch'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	PERFORM idempotency._require_writable('idempotency.reap()');
-	PERFORM idempotency._caller();
-	RETURN idempotency._reap(n);
+	caller := idempotency._caller(me);
+	SELECT pg_has_role(caller::oid, c.relowner, 'USAGE') INTO every_owner
+	FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
+	DELETE FROM ONLY idempotency.keys WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+		SELECT k.ctid FROM ONLY idempotency.keys k
+		WHERE idempotency._expiry_second(k.expires_at) OPERATOR(pg_catalog.<=) idempotency._expiry_second(now)
+		  AND k.expires_at OPERATOR(pg_catalog.<=) now
+		  AND (k.state OPERATOR(pg_catalog.=) 'completed' OR k.lease_expires_at OPERATOR(pg_catalog.<=) now)
+		  AND (every_owner OR (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE')))
+		ORDER BY idempotency._expiry_second(k.expires_at), k.expires_at
+		LIMIT n FOR UPDATE SKIP LOCKED));
+	GET DIAGNOSTICS reaped = ROW_COUNT;
+	RETURN reaped;
+END
+$$;
+COMMENT ON FUNCTION idempotency._reap(idempotency._caller_token, integer) IS
+	'internal: reap()''s work, as the table''s owner for the caller';
+
+CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+	RETURN idempotency._reap(idempotency._me(), batch);
 END
 $$;
 COMMENT ON FUNCTION idempotency.reap(integer) IS
@@ -1438,6 +1630,12 @@ FROM idempotency._stats_counters() c,
 			 FROM ONLY idempotency.keys k) l;
 COMMENT ON VIEW idempotency.stats IS
 	'Counters of the API since start or stats_reset() (NULL here), and live figures of the records';
+
+-- claim's and complete's full paths are called by their work only.
+REVOKE ALL ON FUNCTION idempotency._claim(idempotency._caller_token, text, bytea, text, interval,
+	interval, interval, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency._complete(idempotency._caller_token, text, bigint, integer, bytea,
+	jsonb, text) FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
 REVOKE ALL ON idempotency.stats FROM PUBLIC;

@@ -58,3 +58,20 @@ SELECT outcome FROM idempotency.claim('Back-1', '\x01', scope => 'limits', lease
 SELECT outcome FROM idempotency.claim('Back-1', '\x01', scope => 'limits', wait => '-10000 years');
 
 DELETE FROM idempotency.keys WHERE scope = 'limits';
+
+-- A wait beyond what lock_timeout can hold (about 24.8 days) is taken, as
+-- the C edition takes it, on every path that may wait for another
+-- transaction's write: a new key, a resumption with the token, a takeover,
+-- a reset of an expired record.
+SELECT outcome, attempt FROM idempotency.claim('Wait-1', '\x01', scope => 'limits', wait => '30 days',
+	token => '00000000-0000-0000-0000-000000000001');
+SELECT outcome, attempt FROM idempotency.claim('Wait-1', '\x01', scope => 'limits', wait => '10000 years',
+	token => '00000000-0000-0000-0000-000000000001');
+UPDATE idempotency.keys SET lease_expires_at = clock_timestamp() - interval '1 second'
+WHERE key = 'Wait-1' AND scope = 'limits';
+SELECT outcome, attempt FROM idempotency.claim('Wait-1', '\x01', scope => 'limits', wait => '30 days');
+UPDATE idempotency.keys SET lease_expires_at = clock_timestamp() - interval '1 second',
+	expires_at = clock_timestamp() - interval '1 second'
+WHERE key = 'Wait-1' AND scope = 'limits';
+SELECT outcome, attempt FROM idempotency.claim('Wait-1', '\x01', scope => 'limits', wait => '30 days');
+DELETE FROM idempotency.keys WHERE scope = 'limits';

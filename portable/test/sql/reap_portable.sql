@@ -31,3 +31,29 @@ ROLLBACK;
 BEGIN READ ONLY;
 SELECT idempotency.reap();
 ROLLBACK;
+-- reap() called by a role deletes the expired records of the roles whose
+-- privileges it has only, so that a reap left open holds no other role's
+-- records; the table's owner (the scheduled reap) and superusers reap all.
+CREATE ROLE idem_reap_alice;
+CREATE ROLE idem_reap_bob;
+GRANT USAGE ON SCHEMA idempotency TO idem_reap_alice, idem_reap_bob;
+BEGIN;
+DELETE FROM idempotency.keys;
+SET LOCAL ROLE idem_reap_alice;
+SELECT outcome FROM idempotency.claim('alice-1', '\x01');
+SET LOCAL ROLE idem_reap_bob;
+SELECT outcome FROM idempotency.claim('bob-1', '\x01');
+RESET ROLE;
+UPDATE idempotency.keys SET expires_at = clock_timestamp() - interval '1 hour',
+	lease_expires_at = clock_timestamp() - interval '1 hour';
+SET LOCAL ROLE idem_reap_alice;
+SELECT idempotency.reap() AS reaped_by_alice;
+RESET ROLE;
+SELECT owner, key FROM idempotency.keys ORDER BY key;
+SET LOCAL ROLE idem_reap_bob;
+SELECT idempotency.reap() AS reaped_by_bob;
+RESET ROLE;
+SELECT count(*) AS left FROM idempotency.keys;
+ROLLBACK;
+REVOKE USAGE ON SCHEMA idempotency FROM idem_reap_alice, idem_reap_bob;
+DROP ROLE idem_reap_alice, idem_reap_bob;

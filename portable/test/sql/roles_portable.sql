@@ -1,12 +1,14 @@
--- The portable edition's API runs with its caller's rights and reaches the
--- records through the view idempotency._own_keys.  What a role can do there
--- directly is what it may do to its own records (and to those of the roles
--- whose privileges it has), never to another role's; the table itself stays
--- closed to it.
+-- The portable edition's API does its work as the table's owner, for the
+-- role whose code calls it (a token that only that role's code can make).
+-- No application role holds a privilege on the table or on any relation
+-- over it: it cannot read, write or lock the records but through the API,
+-- nor plan a query (EXPLAIN ANALYZE) that visits another role's; it
+-- cannot make a token that names another role.
 CREATE EXTENSION IF NOT EXISTS idempotency;
 CREATE ROLE idem_pr_alice LOGIN;
 CREATE ROLE idem_pr_bob LOGIN;
 CREATE ROLE idem_pr_alice_worker LOGIN IN ROLE idem_pr_alice;
+CREATE ROLE idem_pr_monitor IN ROLE pg_monitor;
 GRANT USAGE ON SCHEMA idempotency TO idem_pr_alice, idem_pr_bob, idem_pr_alice_worker;
 SET ROLE idem_pr_bob;
 SELECT fence AS bob_fence FROM idempotency.claim('pr-1', '\x01', scope => 'pr') \gset
@@ -14,51 +16,73 @@ SELECT idempotency.complete('pr-1', :bob_fence, 200, 'bob''s', scope => 'pr');
 SET ROLE idem_pr_alice;
 SELECT fence AS alice_fence FROM idempotency.claim('pr-2', '\x01', scope => 'pr') \gset
 
--- alice sees her own records only
-SELECT owner, key, state FROM idempotency._own_keys WHERE scope = 'pr' ORDER BY key;
--- a function of hers in the WHERE clause, however cheap, sees none of bob's
--- rows (a security barrier)
-CREATE FUNCTION pg_temp.leak(k text, b bytea) RETURNS boolean LANGUAGE plpgsql COST 0.000001 AS $$
-BEGIN
-  RAISE NOTICE 'leak saw % %', k, b;
-  RETURN true;
-END $$;
-SELECT count(*) FROM idempotency._own_keys WHERE pg_temp.leak(key, body) AND scope = 'pr';
--- she cannot change or delete bob's
-UPDATE idempotency._own_keys SET body = 'forged' WHERE key = 'pr-1';
-DELETE FROM idempotency._own_keys WHERE key = 'pr-1';
--- nor write owner (hand hers to bob, write one as bob), key or scope
-\set VERBOSITY sqlstate
-UPDATE idempotency._own_keys SET owner = 'idem_pr_bob' WHERE key = 'pr-2';
-UPDATE idempotency._own_keys SET key = 'pr-1' WHERE key = 'pr-2';
-INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt, owner, state, scope, key, fingerprint)
-VALUES (1, now(), now() + interval '1 day', 1, 'idem_pr_bob', 'completed', 'pr', 'pr-1', '\x01');
-\set VERBOSITY default
--- a row she inserts is hers: bob's record of the same key neither stops it
--- nor is touched (so an insert cannot tell whether bob has one)
-INSERT INTO idempotency._own_keys (fence, created_at, expires_at, attempt, state, scope, key, fingerprint)
-VALUES (1, now(), now() + interval '1 day', 1, 'in_progress', 'pr', 'pr-1', '\x02')
-ON CONFLICT (key, scope, owner) DO NOTHING;
-SELECT owner, key, fingerprint FROM idempotency._own_keys WHERE key = 'pr-1';
-DELETE FROM idempotency._own_keys WHERE key = 'pr-1';
--- the table itself, and the fence sequence's values, stay closed
-SELECT count(*) FROM idempotency.keys;
+-- no relation of the schema is open to her, nor to a pg_monitor member but
+-- the two views of the statistics
+SELECT c.relname FROM pg_class c
+WHERE c.relnamespace = 'idempotency'::regnamespace
+  AND (has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
+	   OR has_any_column_privilege(c.oid, 'SELECT, INSERT, UPDATE, REFERENCES'))
+ORDER BY 1;
+SET ROLE idem_pr_monitor;
+SELECT c.relname FROM pg_class c
+WHERE c.relnamespace = 'idempotency'::regnamespace
+  AND (has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
+	   OR has_any_column_privilege(c.oid, 'SELECT, INSERT, UPDATE, REFERENCES'))
+ORDER BY 1;
+SET ROLE idem_pr_alice;
+-- so she plans no query over the records: not over bob's key (which the
+-- plan's rows removed by a filter would tell), and a call's plan shows
+-- nothing of the queries inside it
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
+SELECT key FROM idempotency._own_keys WHERE key = 'pr-1' AND scope = 'pr';
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
+SELECT key FROM idempotency.keys WHERE key = 'pr-1' AND scope = 'pr';
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
+SELECT * FROM idempotency.lookup('pr-1', scope => 'pr');
+-- nor can she lock them, in any mode (a lock held idle would stall every
+-- role's calls and the reap); a pg_monitor member neither
+BEGIN;
+LOCK TABLE idempotency.keys IN ACCESS SHARE MODE;
+ROLLBACK;
+BEGIN;
+LOCK TABLE idempotency.keys IN ACCESS EXCLUSIVE MODE;
+ROLLBACK;
+SET ROLE idem_pr_monitor;
+BEGIN;
+LOCK TABLE idempotency.keys IN ACCESS EXCLUSIVE MODE;
+ROLLBACK;
+BEGIN;
+LOCK TABLE idempotency.in_flight IN ACCESS EXCLUSIVE MODE;
+ROLLBACK;
+SET ROLE idem_pr_alice;
+-- nor write the table, nor the fence sequence
 TRUNCATE idempotency.keys;
 SELECT setval('idempotency.fence_seq', 1);
--- her own records she may write directly, as the API would not: here one
--- she completes herself, which claim then replays
-UPDATE idempotency._own_keys SET state = 'completed', status_code = 299, body = 'direct',
-  lease = NULL, lease_expires_at = NULL, completed_at = now(), token = NULL
-WHERE key = 'pr-2' AND scope = 'pr';
-SELECT outcome, status_code, body FROM idempotency.claim('pr-2', '\x01', scope => 'pr');
-DROP FUNCTION pg_temp.leak(text, bytea);
+
+-- through the API she sees her records, never bob's
+SELECT key, state FROM idempotency.lookup('pr-2', scope => 'pr');
+SELECT count(*) FROM idempotency.lookup('pr-1', scope => 'pr');
+SELECT idempotency.release('pr-1', :bob_fence, scope => 'pr');
 -- a member of hers sees hers, never bob's
 SET ROLE idem_pr_alice_worker;
-SELECT owner, key FROM idempotency._own_keys WHERE scope = 'pr' ORDER BY key;
+SELECT key, state FROM idempotency.lookup('pr-2', scope => 'pr');
+SELECT count(*) FROM idempotency.lookup('pr-1', scope => 'pr');
+SET ROLE idem_pr_alice;
+
+-- she cannot act as bob: a token names the role of the code that made it,
+-- in the statement that made it (the API's work refuses another)
+SELECT oid AS bob_oid FROM pg_roles WHERE rolname = 'idem_pr_bob' \gset
+SELECT * FROM idempotency._lookup(ARRAY[:bob_oid, pg_backend_pid(),
+	(extract(epoch FROM statement_timestamp()) * 1000000)::bigint], 'pr-1', 'pr');
+SELECT idempotency._release(ARRAY[:bob_oid, pg_backend_pid(), 0]::bigint[], 'pr-1', :bob_fence, 'pr');
+SELECT idempotency._me() AS old_token \gset
+SELECT * FROM idempotency._lookup(:'old_token', 'pr-2', 'pr');
+SELECT * FROM idempotency._lookup(NULL, 'pr-2', 'pr');
+SELECT idempotency._claim(idempotency._me(), 'pr-3', '\x01', 'pr', NULL, NULL, NULL, NULL);
 RESET ROLE;
 -- bob's record is as he left it
 SELECT owner, key, state, body FROM idempotency.keys WHERE scope = 'pr' ORDER BY key, owner::text;
 
 DELETE FROM idempotency.keys WHERE scope = 'pr';
 REVOKE ALL ON SCHEMA idempotency FROM idem_pr_alice, idem_pr_bob, idem_pr_alice_worker;
-DROP ROLE idem_pr_alice_worker, idem_pr_alice, idem_pr_bob;
+DROP ROLE idem_pr_alice_worker, idem_pr_alice, idem_pr_bob, idem_pr_monitor;
