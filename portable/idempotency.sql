@@ -1,5 +1,5 @@
--- version: 1.3
-/* portable/idempotency.sql: the portable edition of idempotency, 1.2.
+-- version: 1.5
+/* portable/idempotency.sql: the portable edition of idempotency, 1.5 (the C edition's 1.5 without Citus).
  *
  * The API of the C extension in SQL and PL/pgSQL, for servers that load no
  * library of ours (managed PostgreSQL): the same names, signatures,
