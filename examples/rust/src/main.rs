@@ -50,7 +50,7 @@ async fn serve() -> Result<(), Box<dyn Error>> {
     let pool = PgPoolOptions::new()
         .max_connections(10)
         .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(PgConnectOptions::from_str(&url)?);
+        .connect_lazy_with(PgConnectOptions::from_str(&with_host(&url))?);
     sqlx::raw_sql(CREATE_CHARGES).execute(&pool).await?;
     // The charge is a row in this database and nothing else, so the claim
     // may commit with it (one_transaction); a route that calls a payment
@@ -113,6 +113,20 @@ fn account_scope(request: &Parts) -> String {
         Some(account) => account.0.clone(),
         None => credential_scope(request),
     }
+}
+
+/// libpq's Unix-socket form, `postgresql://user@/db?host=/dir` (no host before the path), with
+/// `localhost` there: SQLx's URL parser refuses an empty host, and its `host=/dir` then picks the socket.
+fn with_host(url: &str) -> String {
+    for scheme in ["postgresql://", "postgres://"] {
+        let Some(rest) = url.strip_prefix(scheme) else { continue };
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        let host_at = authority.rfind('@').map_or(0, |at| at + 1);
+        if authority[host_at..].is_empty() || authority[host_at..].starts_with(':') {
+            return format!("{scheme}{}localhost{}", &rest[..host_at], &rest[host_at..]);
+        }
+    }
+    url.to_string()
 }
 
 /// The database reads the interval, as it would read the setting idempotency.lease.
