@@ -92,6 +92,11 @@ db_url() {
 	echo "postgresql://postgres@127.0.0.1:$EX_PGPORT/$1"
 }
 
+# Prints the URL of database $1 through the cluster's Unix socket (libpq's ?host=/dir form).
+socket_url() {
+	echo "postgresql://postgres@/$1?host=$EX_TMP/pg&port=$EX_PGPORT"
+}
+
 # Runs SQL $2 on the database at URL $1; prints unaligned tuples.
 ex_sql() {
 	"$PGBIN/psql" "$1" -X -q -At -v ON_ERROR_STOP=1 -c "$2"

@@ -2,7 +2,7 @@
 //
 // Environment: DATABASE_URL (a database where CREATE EXTENSION idempotency
 // is done), PORT (default 3000); for the tests, IDEMPOTENCY_LEASE (an
-// interval, default 60 seconds), IDEMPOTENCY_FAIL_OPEN=on and
+// interval; unset: the database's idempotency.lease), IDEMPOTENCY_FAIL_OPEN=on and
 // IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
 package main
 
@@ -38,7 +38,7 @@ func main() {
 	if _, err := pool.Exec(ctx, createCharges); err != nil {
 		log.Fatal(err)
 	}
-	lease, err := parseInterval(ctx, pool, getenv("IDEMPOTENCY_LEASE", "60 seconds"))
+	lease, err := leaseOf(ctx, pool, os.Getenv("IDEMPOTENCY_LEASE"))
 	if err != nil {
 		log.Fatalf("IDEMPOTENCY_LEASE: %v", err)
 	}
@@ -74,9 +74,13 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// parseInterval reads a PostgreSQL interval ("1 second", "00:01:00") as the database does.
-func parseInterval(ctx context.Context, pool *pgxpool.Pool, text string) (time.Duration, error) {
+// leaseOf reads a PostgreSQL interval ("1 second", "00:01:00") as the
+// database does; "" is 0, which leaves the lease to idempotency.lease.
+func leaseOf(ctx context.Context, pool *pgxpool.Pool, text string) (time.Duration, error) {
 	var d time.Duration
+	if text == "" {
+		return 0, nil
+	}
 	err := pool.QueryRow(ctx, `SELECT $1::text::interval`, text).Scan(&d)
 	return d, err
 }

@@ -3,7 +3,7 @@
 //
 // Environment: DATABASE_URL (a database with CREATE EXTENSION idempotency
 // done), PORT (default 3000), HOST (default 127.0.0.1); for the tests,
-// IDEMPOTENCY_LEASE (default 60 seconds), IDEMPOTENCY_FAIL_OPEN=on and
+// IDEMPOTENCY_LEASE (unset: the database's idempotency.lease), IDEMPOTENCY_FAIL_OPEN=on and
 // IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the handler's transaction:
 // this handler's effects are all in this database).
 
@@ -29,7 +29,7 @@ app.get('/', (req, res) => res.json({ status: 'ok' }));
 // a retry after a token refresh then still meets its first request. This
 // app has none, so the scope is the default, a hash of Authorization.
 app.use(idempotency(pool, {
-  lease: process.env.IDEMPOTENCY_LEASE ?? '60 seconds',
+  lease: process.env.IDEMPOTENCY_LEASE || null, // null: the database's idempotency.lease
   failOpen: process.env.IDEMPOTENCY_FAIL_OPEN === 'on',
   oneTransaction: process.env.IDEMPOTENCY_ONE_TRANSACTION === 'on',
 }));

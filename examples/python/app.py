@@ -2,7 +2,7 @@
 
 Environment: DATABASE_URL (a database with CREATE EXTENSION idempotency
 done), PORT (default 5000), HOST (default 127.0.0.1); for the tests,
-IDEMPOTENCY_LEASE (default 60 seconds), IDEMPOTENCY_FAIL_OPEN=on and
+IDEMPOTENCY_LEASE (unset: the database's idempotency.lease), IDEMPOTENCY_FAIL_OPEN=on and
 IDEMPOTENCY_ONE_TRANSACTION=on (the one-transaction mode).
 """
 
@@ -44,7 +44,7 @@ def key_scope(req):
 # IDEMPOTENCY_ONE_TRANSACTION=on: the claim, the charge and the stored
 # response in one transaction (the charge is all in this database).
 Idempotency(app, pool=pool, scope=key_scope,
-            lease=os.environ.get("IDEMPOTENCY_LEASE", "60 seconds"),
+            lease=os.environ.get("IDEMPOTENCY_LEASE") or None,  # None: idempotency.lease
             fail_open=os.environ.get("IDEMPOTENCY_FAIL_OPEN") == "on",
             one_transaction=os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on")
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,7 +33,7 @@ type Options struct {
 	FailOpen     bool                       // run the handler unguarded instead of answering 503 when a claim fails
 	Lease        time.Duration              // longer than the slowest handler; 0: idempotency.lease (60s)
 	Retention    time.Duration              // how long answers are replayed; 0: idempotency.retention (24h)
-	StoreHeaders []string                   // the response headers a replay repeats; default Content-Type, Location
+	StoreHeaders []string                   // the response headers a replay repeats; default Content-Type, Location (Content-Encoding always)
 	MaxBodyBytes int64                      // the largest request body read; default 1 MiB
 	Scope        func(*http.Request) string // whose keys; default CredentialScope
 	Logger       *log.Logger                // where database errors are logged; default the log package's
@@ -164,6 +165,11 @@ func newGuard(db store, opts Options) *guard {
 	}
 	for _, name := range opts.StoreHeaders {
 		g.stored = append(g.stored, http.CanonicalHeaderKey(name))
+	}
+	// The stored body as sent: a compression layer inside this one leaves it
+	// unreadable without its Content-Encoding, which is therefore always kept.
+	if !slices.Contains(g.stored, "Content-Encoding") {
+		g.stored = append(g.stored, "Content-Encoding")
 	}
 	return g
 }

@@ -6,7 +6,7 @@
 //! idempotency` is done), PORT (default 3000), ACCOUNTS (the app's
 //! authentication: `token=account,...`; a key belongs to the account, so a
 //! refreshed token still meets it); for the tests, IDEMPOTENCY_LEASE (an
-//! interval, default `60 seconds`), IDEMPOTENCY_FAIL_OPEN=on and
+//! interval; unset: the database's `idempotency.lease`), IDEMPOTENCY_FAIL_OPEN=on and
 //! IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
 //! Listens on 127.0.0.1.
 
@@ -50,17 +50,19 @@ async fn serve() -> Result<(), Box<dyn Error>> {
     let pool = PgPoolOptions::new()
         .max_connections(10)
         .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(PgConnectOptions::from_str(&url)?);
+        .connect_lazy_with(PgConnectOptions::from_str(&with_host(&url))?);
     sqlx::raw_sql(CREATE_CHARGES).execute(&pool).await?;
-    let lease = env::var("IDEMPOTENCY_LEASE").unwrap_or_else(|_| "60 seconds".into());
     // The charge is a row in this database and nothing else, so the claim
     // may commit with it (one_transaction); a route that calls a payment
     // provider keeps the default, two transactions.
-    let layer = IdempotencyLayer::new(pool.clone())
+    let mut layer = IdempotencyLayer::new(pool.clone())
         .scope(account_scope)
-        .lease(lease_of(&pool, &lease).await?)
         .fail_open(env::var("IDEMPOTENCY_FAIL_OPEN").as_deref() == Ok("on"))
         .one_transaction(env::var("IDEMPOTENCY_ONE_TRANSACTION").as_deref() == Ok("on"));
+    // Without it, each claim passes no lease: the database's idempotency.lease decides.
+    if let Ok(lease) = env::var("IDEMPOTENCY_LEASE") {
+        layer = layer.lease(lease_of(&pool, &lease).await?);
+    }
     let accounts = Arc::new(accounts_of(&env::var("ACCOUNTS").unwrap_or_default())?);
 
     // The last layer is the outermost: authentication, then the idempotency key.
@@ -111,6 +113,20 @@ fn account_scope(request: &Parts) -> String {
         Some(account) => account.0.clone(),
         None => credential_scope(request),
     }
+}
+
+/// libpq's Unix-socket form, `postgresql://user@/db?host=/dir` (no host before the path), with
+/// `localhost` there: SQLx's URL parser refuses an empty host, and its `host=/dir` then picks the socket.
+fn with_host(url: &str) -> String {
+    for scheme in ["postgresql://", "postgres://"] {
+        let Some(rest) = url.strip_prefix(scheme) else { continue };
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        let host_at = authority.rfind('@').map_or(0, |at| at + 1);
+        if authority[host_at..].is_empty() || authority[host_at..].starts_with(':') {
+            return format!("{scheme}{}localhost{}", &rest[..host_at], &rest[host_at..]);
+        }
+    }
+    url.to_string()
 }
 
 /// The database reads the interval, as it would read the setting idempotency.lease.

@@ -19,7 +19,8 @@ import org.springframework.web.bind.annotation.RestController;
  * The examples' payment API (docs/http-contract.md, "The example apps") on Spring Boot. The
  * idempotency filter comes from pg-idempotency's auto-configuration; the handler writes with
  * JdbcTemplate, in the transaction the filter opened, which commits with the stored response.
- * Environment: DATABASE_URL (a libpq URI), PORT, IDEMPOTENCY_LEASE ("60 seconds"),
+ * Environment: DATABASE_URL (a libpq URI, a Unix-socket directory too: {@code ?host=/run/postgresql}),
+ * PORT, IDEMPOTENCY_LEASE ("1 second"; unset: the database's {@code idempotency.lease}),
  * IDEMPOTENCY_FAIL_OPEN=on, IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
  */
 @SpringBootApplication
@@ -31,7 +32,10 @@ public class PaymentsApplication {
 		System.setProperty("spring.datasource.url",
 				PostgresUrl.toJdbc(env("DATABASE_URL", "postgresql://localhost/postgres")));
 		System.setProperty("server.port", env("PORT", "3000"));
-		System.setProperty("idempotency.lease", seconds(env("IDEMPOTENCY_LEASE", "60 seconds")).toMillis() + "ms");
+		String lease = env("IDEMPOTENCY_LEASE", null);
+		if (lease != null) {
+			System.setProperty("idempotency.lease", seconds(lease).toMillis() + "ms");
+		}
 		System.setProperty("idempotency.fail-open", Boolean.toString("on".equals(System.getenv("IDEMPOTENCY_FAIL_OPEN"))));
 		System.setProperty("idempotency.one-transaction",
 				Boolean.toString("on".equals(System.getenv("IDEMPOTENCY_ONE_TRANSACTION"))));

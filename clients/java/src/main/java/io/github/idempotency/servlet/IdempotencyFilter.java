@@ -20,7 +20,6 @@ import java.io.IOException;
 import java.lang.System.Logger.Level;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
-import java.security.Principal;
 import java.sql.Connection;
 import java.sql.SQLException;
 import java.util.ArrayList;
@@ -105,27 +104,31 @@ public class IdempotencyFilter extends HttpFilter {
 	}
 
 	/**
-	 * The default scope: the authenticated principal's name when there is one; else the lowercase hex
-	 * SHA-256 of {@code authorization:<Authorization>}, else of {@code x-api-key:<X-API-Key>}, else
-	 * {@code ""}. A credential itself is never stored.
+	 * The default scope, the same in every client of this project (docs/http-contract.md): the lowercase
+	 * hex SHA-256 of {@code authorization:<Authorization>}, else of {@code x-api-key:<X-API-Key>}, else
+	 * {@code ""}, over the header's bytes as sent. A credential itself is never stored. An application
+	 * with its own authentication passes its principal or tenant through {@link IdempotencyOptions#scope}.
 	 *
 	 * @param request the request
 	 * @return the scope
 	 */
 	public static String callerScope(HttpServletRequest request) {
-		Principal principal = request.getUserPrincipal();
-		if (principal != null && principal.getName() != null) {
-			return principal.getName();
-		}
 		for (String name : List.of("Authorization", "X-API-Key")) {
 			String value = request.getHeader(name);
 			if (value != null) {
-				MessageDigest sha = sha256();
-				byte[] sum = sha.digest((name.toLowerCase(Locale.ROOT) + ":" + value).getBytes(StandardCharsets.UTF_8));
-				return HexFormat.of().formatHex(sum);
+				return HexFormat.of().formatHex(sha256().digest(headerBytes(name.toLowerCase(Locale.ROOT) + ":" + value)));
 			}
 		}
 		return "";
+	}
+
+	/**
+	 * A header as the bytes sent: servlet containers decode header bytes as ISO-8859-1, one char a byte;
+	 * a char above that (a container that decoded UTF-8) is encoded back as UTF-8.
+	 */
+	private static byte[] headerBytes(String value) {
+		boolean latin1 = value.chars().allMatch(c -> c <= 0xFF);
+		return value.getBytes(latin1 ? StandardCharsets.ISO_8859_1 : StandardCharsets.UTF_8);
 	}
 
 	@Override
@@ -472,10 +475,17 @@ public class IdempotencyFilter extends HttpFilter {
 		}
 	}
 
-	/** The headers of the response that a replay repeats. */
+	/**
+	 * The headers of the response that a replay repeats: those of the options, and Content-Encoding, without
+	 * which the stored body (compressed by a filter inside this one) could not be read.
+	 */
 	private Map<String, List<String>> storedHeaders(HttpServletResponse res) {
 		Map<String, List<String>> stored = new LinkedHashMap<>();
-		for (String name : options.storeHeaders()) {
+		List<String> names = new ArrayList<>(options.storeHeaders());
+		if (names.stream().noneMatch("Content-Encoding"::equalsIgnoreCase)) {
+			names.add("Content-Encoding");
+		}
+		for (String name : names) {
 			Collection<String> values = name.equalsIgnoreCase("Content-Type")
 					? (res.getContentType() == null ? List.of() : List.of(res.getContentType()))
 					: res.getHeaders(name);

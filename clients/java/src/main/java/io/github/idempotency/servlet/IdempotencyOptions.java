@@ -101,7 +101,8 @@ public final class IdempotencyOptions {
 	}
 
 	/**
-	 * @param storeHeaders the response headers a replay repeats (default Content-Type, Location)
+	 * @param storeHeaders the response headers a replay repeats (default Content-Type, Location);
+	 *     Content-Encoding is always kept with the body it describes
 	 * @return this
 	 */
 	public IdempotencyOptions storeHeaders(List<String> storeHeaders) {

@@ -73,6 +73,15 @@ class FilterIT {
 				.digest(("authorization:" + credential).getBytes(StandardCharsets.UTF_8)));
 	}
 
+	/** A filter that authenticates every request as acct_42, as Spring Security would. */
+	static final Filter AUTHENTICATE = (req, res, chain) -> chain.doFilter(
+			new HttpServletRequestWrapper((jakarta.servlet.http.HttpServletRequest) req) {
+				@Override
+				public java.security.Principal getUserPrincipal() {
+					return () -> "acct_42";
+				}
+			}, res);
+
 	static String state(String key, String scope) throws Exception {
 		return TestDb.sql("SELECT state FROM idempotency.lookup('" + key + "', '" + scope + "')");
 	}
@@ -243,19 +252,47 @@ class FilterIT {
 	}
 
 	@Test
-	void scopeIsThePrincipalFirst() throws Exception {
-		Filter authenticate = (req, res, chain) -> chain.doFilter(
-				new HttpServletRequestWrapper((jakarta.servlet.http.HttpServletRequest) req) {
-					@Override
-					public java.security.Principal getUserPrincipal() {
-						return () -> "acct_42";
-					}
-				}, res);
+	void scopeIsTheCredentialsHashAsInEveryClientWhateverThePrincipal() throws Exception {
 		server.close();
-		server = new TomcatServer(servlet, authenticate, new IdempotencyFilter(lossy));
+		server = new TomcatServer(servlet, AUTHENTICATE, new IdempotencyFilter(lossy));
 		String key = TestDb.uniqueKey("principal");
 		assertEquals(201, pay(ALICE, "{\"amount\":110}", key).status());
+		assertEquals("completed", state(key, scopeOf(ALICE)));
+		assertNull(state(key, "acct_42"));
+	}
+
+	@Test
+	void scopeIsThePrincipalWhenTheOptionSaysSo() throws Exception {
+		server.close();
+		server = new TomcatServer(servlet, AUTHENTICATE, new IdempotencyFilter(lossy,
+				new JdbcRequestTransactions(lossy), new IdempotencyOptions().scope(r -> r.getUserPrincipal().getName())));
+		String key = TestDb.uniqueKey("principal");
+		assertEquals(201, pay(ALICE, "{\"amount\":114}", key).status());
 		assertEquals("completed", state(key, "acct_42"));
+	}
+
+	@Test
+	void contentEncodingIsStoredWithTheBody() throws Exception {
+		Filter compress = (req, res, chain) -> { // as a compression filter inside the idempotency filter would
+			((jakarta.servlet.http.HttpServletResponse) res).setHeader("Content-Encoding", "br");
+			chain.doFilter(req, res);
+		};
+		server.close();
+		server = new TomcatServer(servlet, new IdempotencyFilter(lossy), compress);
+		String key = TestDb.uniqueKey("encoding");
+		assertEquals("br", pay(ALICE, "{\"amount\":116}", key).header("Content-Encoding"));
+		Http.Response again = pay(ALICE, "{\"amount\":116}", key);
+		assertEquals("true", again.header("Idempotent-Replayed"));
+		assertEquals("br", again.header("Content-Encoding"));
+	}
+
+	@Test
+	void scopeHashesTheCredentialsBytesAsSent() throws Exception {
+		String zoe = "Bearer sk_test_zo\u00eb";
+		byte[] sent = zoe.getBytes(StandardCharsets.UTF_8); // what curl sends for a UTF-8 terminal's zoë
+		String key = TestDb.uniqueKey("utf8");
+		assertEquals(201, pay(new String(sent, StandardCharsets.ISO_8859_1), "{\"amount\":115}", key).status());
+		assertEquals("completed", state(key, scopeOf(zoe))); // SHA-256 of "authorization:" and the bytes sent
 	}
 
 	@Test
