@@ -20,7 +20,7 @@ install_packages() {
 	local want=(postgresql-15 postgresql-server-dev-15 postgresql-contrib
 		libssl-dev libipc-run-perl build-essential pgbouncer libfaketime postgresql-15-plproxy
 		curl ca-certificates python3-psycopg nodejs npm prometheus-postgres-exporter
-		debootstrap debhelper postgresql-server-dev-all ${EXTRA_PACKAGES:-})
+		debootstrap debhelper postgresql-server-dev-all unzip ${EXTRA_PACKAGES:-})
 	local list
 	# Each client package and example app lists the Debian packages it needs.
 	for list in clients/*/debian-packages.txt examples/*/debian-packages.txt; do

@@ -9,6 +9,7 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_type.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"

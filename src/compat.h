@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  * compat.h
  *	  The differences between the PostgreSQL majors the extension supports
- *	  (15, 17 and 18; 16 compiles), kept in one place.  Each shim sits after
+ *	  (15 to 19), kept in one place.  Each shim sits after
  *	  the headers that declare what it renames: include this file last.
  *-------------------------------------------------------------------------
  */
@@ -73,9 +73,59 @@
  * PG 18 lets an index scan count its searches for EXPLAIN ANALYZE
  * (IndexScanInstrumentation); our scans are not in a plan: none.
  */
-#if PG_VERSION_NUM >= 180000
+#if PG_VERSION_NUM >= 190000
+#define index_beginscan(heap, index, snapshot, nkeys, norderbys) \
+	index_beginscan(heap, index, snapshot, NULL, nkeys, norderbys, IDEM_INDEX_SCAN_FLAGS)
+#elif PG_VERSION_NUM >= 180000
 #define index_beginscan(heap, index, snapshot, nkeys, norderbys) \
 	index_beginscan(heap, index, snapshot, NULL, nkeys, norderbys)
+#endif
+
+/*
+ * PG 19 gives an index scan the table scan's options.  The one a caller may
+ * set, SO_HINT_REL_READ_ONLY, says the statement does not write the table:
+ * ours find the row that claim, complete and release then write, so none.
+ */
+#define IDEM_INDEX_SCAN_FLAGS 0
+
+/*
+ * PG 19 added options to table_tuple_update.  The only one,
+ * TABLE_UPDATE_NO_LOGICAL, is for table rewrites; our update is an
+ * application's, which logical decoding (and REPACK CONCURRENTLY, which
+ * replays the writes made while it copies) must see: none.
+ */
+#if PG_VERSION_NUM >= 190000
+#define table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck, wait, tmfd, lockmode, update_indexes) \
+	table_tuple_update(rel, otid, slot, cid, 0, snapshot, crosscheck, wait, tmfd, lockmode, update_indexes)
+#endif
+
+/*
+ * PG 19 builds a jsonb value in a JsonbInState, whose result holds the value
+ * once the outermost container is closed; before, in a JsonbParseState
+ * stack, and the push that closes it returns the value.  idem_push_jsonb
+ * returns it on both, from a state declared IdemJsonbState and set to
+ * IDEM_JSONB_STATE_INIT.
+ */
+#if PG_VERSION_NUM >= 190000
+#define IdemJsonbState JsonbInState
+#define IDEM_JSONB_STATE_INIT {0}
+#define idem_push_jsonb(state, seq, val) (pushJsonbValue(state, seq, val), (state)->result)
+#else
+#define IdemJsonbState JsonbParseState *
+#define IDEM_JSONB_STATE_INIT NULL
+#define idem_push_jsonb(state, seq, val) pushJsonbValue(state, seq, val)
+#endif
+
+/*
+ * PG 19 marks a deliberate fall through to the next case with pg_fallthrough
+ * (its builds warn about a comment); the same attribute before it.
+ */
+#ifndef pg_fallthrough
+#if __has_attribute(fallthrough)
+#define pg_fallthrough __attribute__((fallthrough))
+#else
+#define pg_fallthrough
+#endif
 #endif
 
 /*

@@ -15,6 +15,7 @@
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 
+#include "compat.h"
 #include "guclist.h"
 #include "headers.h"
 
@@ -132,7 +133,7 @@ idem_headers_filter(Jsonb *headers)
 	JsonbValue	k;
 	JsonbValue	v;
 	JsonbIteratorToken tok;
-	JsonbParseState *state = NULL;
+	IdemJsonbState state = IDEM_JSONB_STATE_INIT;
 	JsonbValue *res;
 	bool		dropped = false;
 
@@ -159,7 +160,7 @@ idem_headers_filter(Jsonb *headers)
 
 	/* Second pass: rebuild the object without the denied headers. */
 	it = JsonbIteratorInit(&headers->root);
-	res = pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	(void) idem_push_jsonb(&state, WJB_BEGIN_OBJECT, NULL);
 	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
 	{
 		if (tok != WJB_KEY)
@@ -167,9 +168,9 @@ idem_headers_filter(Jsonb *headers)
 		(void) JsonbIteratorNext(&it, &v, true);
 		if (header_denied(k.val.string.val, k.val.string.len))
 			continue;
-		pushJsonbValue(&state, WJB_KEY, &k);
-		pushJsonbValue(&state, WJB_VALUE, &v);
+		(void) idem_push_jsonb(&state, WJB_KEY, &k);
+		(void) idem_push_jsonb(&state, WJB_VALUE, &v);
 	}
-	res = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	res = idem_push_jsonb(&state, WJB_END_OBJECT, NULL);
 	return JsonbValueToJsonb(res);
 }

@@ -24,6 +24,7 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_namespace.h"
 #include "miscadmin.h"

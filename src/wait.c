@@ -118,7 +118,7 @@ wake_at_commit_callback(XactEvent event, void *arg)
 			else
 				for (int i = 0; i < n_pending_wakes; i++)
 					ConditionVariableBroadcast(&slots->cv[pending_wakes[i]]);
-			/* FALLTHROUGH */
+			pg_fallthrough;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			n_pending_wakes = 0;

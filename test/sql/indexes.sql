@@ -3,7 +3,6 @@
 -- a partial one, and the extension's own expression index; an exclusion
 -- constraint, which they cannot maintain, sends them through the executor.
 CREATE EXTENSION IF NOT EXISTS idempotency;
-CREATE EXTENSION IF NOT EXISTS amcheck;
 
 CREATE INDEX keys_lower_key ON idempotency.keys ((pg_catalog.lower(key)));
 CREATE INDEX keys_completed ON idempotency.keys (completed_at) WHERE state = 'completed';
@@ -14,12 +13,8 @@ FROM generate_series(1, 200) i,
 SELECT count(idempotency.complete(key, fence, 201, 'ok', scope => 'indexes')) AS completed
 FROM idempotency.keys WHERE scope = 'indexes' AND key::text ~ '[02468]$';
 
--- every index holds exactly the rows it should (amcheck reads the heap)
-SELECT c.relname, bt_index_check(c.oid, heapallindexed => true) IS NOT NULL AS checked
-FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-WHERE i.indrelid = 'idempotency.keys'::regclass ORDER BY c.relname;
-
--- and the indexes find what a scan of the table finds
+-- the indexes find what a scan of the table finds (indexes_amcheck checks
+-- every entry where amcheck is installed)
 SET enable_seqscan = off;
 SET enable_bitmapscan = off;
 SELECT count(*) AS by_expression FROM idempotency.keys WHERE pg_catalog.lower(key) = 'idx-7';

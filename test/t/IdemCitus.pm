@@ -26,7 +26,10 @@ sub citus_skip_unless_installed
 	return if -e "$pkglibdir/citus.so";
 	plan skip_all =>
 	  "Citus is not installed in $pkglibdir (no registry we reach packages "
-	  . "it): install Citus 13 or 14 from Citus's own packages to run this test";
+	  . "it): install a Citus that supports PostgreSQL "
+	  . $probe->pg_version->major
+	  . " from Citus's own packages to run this test (Citus 13: PostgreSQL 15 to 17; "
+	  . "14: 16 to 18; none for 19 yet)";
 	return;
 }
 

@@ -27,8 +27,10 @@ our @EXPORT = qw(proxy_requirements_missing proxy_cluster proxy_stop
 sub proxy_requirements_missing
 {
 	my $sharedir = `pg_config --sharedir`;
+	my ($major) = `pg_config --version` =~ /PostgreSQL (\d+)/;
 	chomp $sharedir;
-	return 'PL/Proxy is not installed (Debian package postgresql-15-plproxy)'
+	return "PL/Proxy is not installed (Debian package postgresql-$major-plproxy"
+	  . ($major >= 19 ? ', which Debian does not have yet)' : ')')
 	  unless -e "$sharedir/extension/plproxy.control";
 	return 'pgbouncer is not installed (Debian package pgbouncer)'
 	  unless _pgbouncer();
