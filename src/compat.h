@@ -1,14 +1,19 @@
 /*-------------------------------------------------------------------------
  * compat.h
  *	  The differences between the PostgreSQL majors the extension supports
- *	  (15 to 19), kept in one place.  Each shim sits after
- *	  the headers that declare what it renames: include this file last.
+ *	  (15 to 19), kept in one place.  A shim that renames a function is a
+ *	  macro of the same name: the headers that declare those functions are
+ *	  included here, before the macros, so that a header included after
+ *	  this file cannot meet a macro in its own declarations.
  *-------------------------------------------------------------------------
  */
 #ifndef IDEMPOTENCY_COMPAT_H
 #define IDEMPOTENCY_COMPAT_H
 
+#include "access/genam.h"
+#include "access/tableam.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "utils/guc.h"
 #include "utils/wait_event.h"
 
