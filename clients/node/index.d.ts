@@ -137,8 +137,8 @@ export interface MiddlewareOptions {
   retries?: number;
   /** Milliseconds before the first ask again, doubled each time (default 50). */
   retryDelay?: number;
-  /** How long a running request holds its key (default '60 seconds'). */
-  lease?: Interval;
+  /** How long a running request holds its key (default null: the setting idempotency.lease, 60s). */
+  lease?: Interval | null;
   /** How long a response is replayed (default: the setting idempotency.retention, 24h). */
   retention?: Interval | null;
   /** The response headers a replay repeats (default content-type, location). */

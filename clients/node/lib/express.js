@@ -23,7 +23,7 @@ const DEFAULTS = {
   methods: ['POST', 'PATCH'], // the methods that take a key
   required: true, // 400 when a covered request has no key; false: run it unguarded
   failOpen: false, // when an idempotency call fails: false = 503, true = run unguarded
-  lease: '60 seconds', // longer than the slowest handler: then a retry takes over
+  lease: null, // null: the setting idempotency.lease (60s); longer than the slowest handler: then a retry takes over
   retention: null, // null: the setting idempotency.retention (24h)
   storeHeaders: ['content-type', 'location'], // the response headers a replay repeats
   limit: 1024 * 1024, // the largest request body read, in bytes
