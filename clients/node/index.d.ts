@@ -124,7 +124,7 @@ export class ClaimLostError extends Error {
 
 export type ProblemCode =
   | 'idempotency_key_missing' | 'idempotency_key_invalid' | 'idempotency_key_in_progress'
-  | 'idempotency_key_mismatch' | 'idempotency_claim_lost' | 'idempotency_unavailable';
+  | 'idempotency_key_mismatch' | 'idempotency_claim_lost' | 'idempotency_unavailable' | 'webhook_unverified';
 
 export interface MiddlewareOptions {
   /** The methods that take a key (default POST, PATCH). */
@@ -163,7 +163,23 @@ export interface MiddlewareOptions {
   cache?: boolean | { max?: number; maxBytes?: number; maxEntryBytes?: number };
   /** Where the spans go (default OpenTelemetry's global tracer provider). */
   tracerProvider?: TracerProviderLike | null;
+  /** The key of a request (default: its Idempotency-Key field); undefined when none was sent, null when malformed. */
+  key?: (req: IncomingMessage & { body?: unknown }) => string | null | undefined;
+  /** Runs before anything is claimed; throws when the request is not authentic (a webhook's signature): 401 webhook_unverified. */
+  verify?: ((req: IncomingMessage & { rawBody: Buffer }) => void | Promise<void>) | null;
 }
+
+/** What verifies a Standard Webhooks delivery: new Webhook(secret) of the package standardwebhooks. */
+export interface WebhookVerifier {
+  verify(payload: Buffer, headers: Record<string, string>): unknown;
+}
+
+/** The middleware options of a Standard Webhooks receiver: verified before the claim, key = webhook-id, scope = sender. */
+export function standardWebhook(webhook: WebhookVerifier, options?: { sender?: string }):
+  Required<Pick<MiddlewareOptions, 'methods' | 'verify' | 'key' | 'scope'>>;
+
+/** A key option reading a string field of the JSON body (default "id", Stripe's event id). */
+export function bodyKey(field?: string): NonNullable<MiddlewareOptions['key']>;
 
 /** Express middleware; gives the handler req.db (a transaction), req.rawBody and a parsed req.body. */
 export function idempotency(pool: PoolLike, options?: MiddlewareOptions):

@@ -5,7 +5,9 @@ const { idempotency, credentialScope } = require('./lib/express');
 const { IdempotencyClient, ClaimLostError } = require('./lib/client');
 const { fingerprint } = require('./lib/fingerprint');
 const { parseIdempotencyKey } = require('./lib/key');
+const { standardWebhook, bodyKey } = require('./lib/webhooks');
 
 module.exports = {
   idempotency, credentialScope, IdempotencyClient, ClaimLostError, fingerprint, parseIdempotencyKey,
+  standardWebhook, bodyKey,
 };

@@ -11,7 +11,7 @@
 
 const crypto = require('node:crypto');
 const { fingerprint } = require('./fingerprint');
-const { parseIdempotencyKey } = require('./key');
+const { idempotencyKeyOf } = require('./key');
 const {
   IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
   PREPARE, executeClaimText, executeCompleteText,
@@ -38,6 +38,8 @@ const DEFAULTS = {
   prepare: false, // true: claim and complete as SQL prepared statements (not through a transaction pooler)
   cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
   tracerProvider: null, // where the spans go: null = OpenTelemetry's global tracer provider
+  key: idempotencyKeyOf, // (req) => the key; undefined: none sent; null: malformed
+  verify: null, // (req) => throws when the request is not authentic (a webhook's signature): 401, nothing claimed
 };
 
 // How long, by default, a duplicate of a request running in one transaction waits for it.
@@ -57,7 +59,7 @@ const UNKNOWN = 'The connection to the database was lost while this request was 
   'whether it took effect is not known. Retry with the same Idempotency-Key.';
 
 const TITLES = {
-  400: 'Bad Request', 409: 'Conflict', 422: 'Unprocessable Content', 503: 'Service Unavailable',
+  400: 'Bad Request', 401: 'Unauthorized', 409: 'Conflict', 422: 'Unprocessable Content', 503: 'Service Unavailable',
 };
 
 // Returns the scope of a request: the SHA-256 of its credential, '' without one.
@@ -68,15 +70,6 @@ function credentialScope(req) {
       return crypto.createHash('sha256').update(`${name}:${credential}`).digest('hex');
   }
   return '';
-}
-
-// Returns the Idempotency-Key field as sent: undefined when absent, null when sent more than once.
-function keyField(req) {
-  const values = [];
-  for (let i = 0; i < req.rawHeaders.length; i += 2)
-    if (req.rawHeaders[i].toLowerCase() === 'idempotency-key') values.push(req.rawHeaders[i + 1]);
-  if (values.length > 1) return null;
-  return values[0];
 }
 
 // Splits the request URL into its path and query (null when there is none).
@@ -417,14 +410,14 @@ function idempotency(pool, options = {}) {
 
   // Claims the key and answers, or runs the handler in a transaction.
   async function guard(req, res, next) {
-    const field = keyField(req);
-    if (field === undefined) {
+    if (opts.verify && !await verified(req, res)) return undefined;
+    const key = opts.key(req);
+    if (key === undefined) {
       if (opts.required)
         return problem(res, 400, 'idempotency_key_missing', 'This request needs an Idempotency-Key header.');
       return runHandler(req, res, next);
     }
-    const key = parseIdempotencyKey(field);
-    if (key === null) return invalidKey(res);
+    if (typeof key !== 'string' || key === '') return invalidKey(res);
 
     const [path, query] = pathAndQuery(req);
     const c = {
@@ -463,6 +456,17 @@ function idempotency(pool, options = {}) {
       return undefined;
     }
     return handOver(req, res, next, c, got.db, next);
+  }
+
+  // True when opts.verify accepts the request; otherwise answers 401 (nothing is claimed).
+  async function verified(req, res) {
+    try {
+      await opts.verify(req);
+      return true;
+    } catch (err) {
+      problem(res, 401, 'webhook_unverified', `The request could not be verified: ${err.message}.`);
+      return false;
+    }
   }
 
   // True when the request was answered while the middleware waited for the

@@ -5,7 +5,9 @@ import { Idempotency } from '@node-idempotency/core';
 import { makeIdempotent, IdempotencyConfig } from '@aws-lambda-powertools/idempotency';
 import {
   idempotency, IdempotencyClient, ClaimLostError, fingerprint, parseIdempotencyKey, type Claim,
+  standardWebhook, bodyKey,
 } from 'pg-idempotency';
+import { Webhook } from 'standardwebhooks';
 import { PostgresPersistenceLayer } from 'pg-idempotency/powertools';
 import { PostgresStorageAdapter } from 'pg-idempotency/node-idempotency';
 import { BasicTracerProvider } from '@opentelemetry/sdk-trace-base';
@@ -43,6 +45,8 @@ const handler = makeIdempotent(async (event: { id: string }) => event.id, {
 const library = new Idempotency(new PostgresStorageAdapter({ pool, leaseMs: 30_000 }));
 const tracerProvider = new BasicTracerProvider();
 app.use(idempotency(pool, { oneTransaction: true, prepare: true, tracerProvider }));
+app.post('/webhooks', idempotency(pool, { ...standardWebhook(new Webhook('whsec_c2VjcmV0'), { sender: 'acme' }), lease: 10_000 }));
+app.post('/stripe', idempotency(pool, { key: bodyKey('id'), scope: () => 'stripe', verify: (req) => { if (req.rawBody.length === 0) throw new Error('empty'); } }));
 const traced = new IdempotencyClient(pool, { tracerProvider: trace.getTracerProvider() });
 const tracedStore = new PostgresPersistenceLayer({ pool, tracerProvider });
 
