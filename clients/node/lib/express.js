@@ -13,7 +13,7 @@ const crypto = require('node:crypto');
 const { fingerprint } = require('./fingerprint');
 const { idempotencyKeyOf } = require('./key');
 const {
-  Flow, positive, connectionLost, statementsGone, together, inOneWrite,
+  Flow, positive, connectionLost, statementsGone, together, inOneWrite, transactionHandle,
 } = require('./flow');
 const { ReplayCache } = require('./replay-cache');
 const { tracedReplayFromMemory } = require('./telemetry');
@@ -134,31 +134,6 @@ function holdResponse(res, onEnd) {
       (err) => res.destroy(err));
     return res;
   };
-}
-
-// Returns req.db: the connection db while the request's transaction lasts;
-// afterwards (a timeout answered, the connection went back to the pool) its
-// queries fail instead of running in whatever transaction the connection
-// is in by then.
-function transactionHandle(db) {
-  const handle = { open: true };
-  const query = (...args) => {
-    if (handle.open) return db.query(...args);
-    const err = new Error('pg-idempotency: this request\'s transaction has ended ' +
-      '(its response was sent, or a timeout answered it); the query was not run');
-    const callback = args.find((a) => typeof a === 'function');
-    if (callback) return void process.nextTick(callback, err);
-    return Promise.reject(err);
-  };
-  handle.db = new Proxy(db, {
-    get(target, name) {
-      if (name === 'query') return query;
-      if (name === 'release') return undefined; // the middleware gives the connection back
-      const value = Reflect.get(target, name, target);
-      return typeof value === 'function' ? value.bind(target) : value;
-    },
-  });
-  return handle;
 }
 
 // Returns the Express middleware; pool is a pg.Pool on the database of the business data.

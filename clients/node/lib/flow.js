@@ -109,8 +109,34 @@ function valuesOf(outcomes) {
   return outcomes.map((o) => o.value);
 }
 
+// Returns { db, open }: db is the connection while the work's transaction
+// lasts (open); afterwards (a timeout answered, the connection went back to
+// the pool) its queries fail instead of running in whatever transaction the
+// connection is in by then.
+function transactionHandle(db) {
+  const handle = { open: true };
+  const query = (...args) => {
+    if (handle.open) return db.query(...args);
+    const err = new Error('pg-idempotency: this transaction has ended (its response was sent, its function ' +
+      'returned, or a timeout answered it); the query was not run');
+    const callback = args.find((a) => typeof a === 'function');
+    if (callback) return void process.nextTick(callback, err);
+    return Promise.reject(err);
+  };
+  handle.db = new Proxy(db, {
+    get(target, name) {
+      if (name === 'query') return query;
+      if (name === 'release') return undefined; // the middleware gives the connection back
+      const value = Reflect.get(target, name, target);
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+  return handle;
+}
+
 // The flow on one pool, with options: lease, retention, wait (intervals or
-// null), oneTransaction, prepare, retries, retryDelay, log, tracerProvider.
+// null), oneTransaction, prepare, retries, retryDelay, log, tracerProvider,
+// claimColumns (what the claim answers, not prepared; default the HTTP layer's).
 class Flow {
   constructor(pool, opts) {
     this.pool = pool;
@@ -193,6 +219,7 @@ class Flow {
   claimSql(c) {
     return (this.opts.prepare ? executeClaimText : claimText)(c.key, c.fp, {
       scope: c.scope, lease: this.opts.lease, retention: this.opts.retention, wait: this.opts.wait, token: c.token,
+      columns: this.opts.claimColumns,
     });
   }
 
@@ -265,7 +292,7 @@ class Flow {
   claimAndComplete(on, c, statusCode, body, headers, keep = 'server error') {
     return traced(this.tracer, 'idempotency.complete', c.key,
       () => on.query(keep === 'always' ? CLAIM_AND_COMPLETE : KEEP_SERVER_ERROR,
-        [c.key, c.fp, statusCode, body, JSON.stringify(headers), c.scope, interval(this.opts.lease),
+        [c.key, c.fp, statusCode, body, headers === null ? null : JSON.stringify(headers), c.scope, interval(this.opts.lease),
           interval(this.opts.retention)]).then((r) => r.rows[0]?.result ?? 'released'),
       describeComplete);
   }
@@ -279,5 +306,5 @@ class Flow {
 }
 
 module.exports = {
-  Flow, positive, connectionLost, statementsGone, together, inOneWrite, sleep,
+  Flow, positive, connectionLost, statementsGone, together, inOneWrite, sleep, transactionHandle,
 };
