@@ -1,0 +1,111 @@
+'use strict';
+// Jobs that run once however often the queue delivers them: a pg-boss queue
+// "charges" on the application's database, whose job charges data.amount
+// into the same charges table as the example apps' POST /payments. The job
+// is an idempotent function of pg-idempotency keyed by the job's id: a job
+// delivered again (its worker died after its work committed, before
+// pg-boss heard of it) gets the stored result, and nothing is charged again.
+//
+//   ./run worker            works on the queue until SIGTERM
+//   ./run enqueue AMOUNT    sends a job; prints its id
+//   ./run status ID         prints the job's state and output (JSON)
+//
+// Environment: DATABASE_URL; JOBS_EXPIRE_SECONDS (default 60: how long a
+// delivery may run before pg-boss delivers the job again); for the tests,
+// JOBS_CRASH=mid-job (the worker kills itself after writing the charge,
+// before its transaction commits) or after-commit (after the function
+// committed, before pg-boss's acknowledgment).
+
+const { Pool } = require('pg');
+const { PgBoss } = require('pg-boss');
+const { idempotent } = require('pg-idempotency');
+
+const QUEUE = 'charges';
+const pool = new Pool({ connectionString: process.env.DATABASE_URL, connectionTimeoutMillis: 5000 });
+pool.on('error', (err) => console.error('idle connection lost:', err.message));
+
+// Charges the job's amount once per job id: its writes and its result
+// commit together (one transaction); a delivery of a job that already ran
+// gets that result back without running.
+const chargeOnce = idempotent(pool, async (run, jobId, data) => {
+  const { rows } = await run.db.query('INSERT INTO charges (amount) VALUES ($1) RETURNING id', [data.amount]);
+  if (process.env.JOBS_CRASH === 'mid-job') crash('mid-job: the charge is written, not committed');
+  return { charge: Number(rows[0].id) };
+}, { key: (jobId) => jobId, scope: `pg-boss:${QUEUE}` });
+
+// Ends the process at once, as a kill -9 would.
+function crash(where) {
+  console.error(`crashing (${where})`);
+  process.kill(process.pid, 'SIGKILL');
+}
+
+// How long a delivery may run before pg-boss delivers the job again, in seconds.
+const EXPIRE = Number(process.env.JOBS_EXPIRE_SECONDS ?? 60);
+// How often pg-boss looks for deliveries past it (its monitor runs every 60 s by default).
+const CHECK_EVERY = Math.max(1, Math.min(60, Math.ceil(EXPIRE / 2)));
+
+// Returns a started pg-boss on DATABASE_URL, with the queue created.
+async function startBoss() {
+  const boss = new PgBoss({
+    connectionString: process.env.DATABASE_URL,
+    superviseIntervalSeconds: CHECK_EVERY, monitorIntervalSeconds: CHECK_EVERY,
+  });
+  boss.on('error', (err) => console.error('pg-boss:', err.message));
+  await boss.start();
+  if (!await boss.getQueue(QUEUE)) {
+    await boss.createQueue(QUEUE, { expireInSeconds: EXPIRE, retryLimit: 20, retryDelay: 0 })
+      .catch((err) => { if (!/exist/.test(err.message)) throw err; }); // another process made it meanwhile
+  }
+  return boss;
+}
+
+// Works on the queue until SIGTERM or SIGINT.
+async function work() {
+  await pool.query(`CREATE TABLE IF NOT EXISTS charges (
+      id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+      amount numeric NOT NULL,
+      created_at timestamptz NOT NULL DEFAULT now())`);
+  const boss = await startBoss();
+  await boss.work(QUEUE, { batchSize: 1, pollingIntervalSeconds: 0.5 }, async ([job]) => {
+    const result = await chargeOnce(job.id, job.data);
+    if (process.env.JOBS_CRASH === 'after-commit') crash('after-commit: the charge committed, not acknowledged');
+    return result; // pg-boss stores it as the job's output
+  });
+  console.log('working');
+  const stop = async () => {
+    await boss.stop({ graceful: true });
+    await pool.end();
+  };
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+}
+
+// Sends a job charging amount; prints its id.
+async function enqueue(amount) {
+  const boss = await startBoss();
+  console.log(await boss.send(QUEUE, { amount: Number(amount) }));
+  await boss.stop({ graceful: false, wait: true });
+  await pool.end();
+}
+
+// Prints the state and output of job id.
+async function status(id) {
+  const boss = new PgBoss({ connectionString: process.env.DATABASE_URL, supervise: false, schedule: false });
+  boss.on('error', (err) => console.error('pg-boss:', err.message));
+  await boss.start();
+  const job = await boss.getJobById(QUEUE, id);
+  console.log(job ? `${job.state} ${JSON.stringify(job.output ?? null)}` : 'none');
+  await boss.stop({ graceful: false, wait: true });
+  await pool.end();
+}
+
+const [command, arg] = process.argv.slice(2);
+const commands = { worker: work, enqueue, status };
+if (!commands[command]) {
+  console.error('usage: worker.js worker | enqueue AMOUNT | status ID');
+  process.exit(2);
+}
+commands[command](arg).catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
