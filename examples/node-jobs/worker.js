@@ -11,7 +11,8 @@
 //   ./run status ID         prints the job's state and output (JSON)
 //
 // Environment: DATABASE_URL; JOBS_EXPIRE_SECONDS (default 60: how long a
-// delivery may run before pg-boss delivers the job again); for the tests,
+// delivery may run before pg-boss delivers the job again); JOBS_ACK=transaction
+// (pg-boss's completion commits with the job's work); for the tests,
 // JOBS_CRASH=mid-job (the worker kills itself after writing the charge,
 // before its transaction commits) or after-commit (after the function
 // committed, before pg-boss's acknowledgment).
@@ -24,14 +25,21 @@ const QUEUE = 'charges';
 const pool = new Pool({ connectionString: process.env.DATABASE_URL, connectionTimeoutMillis: 5000 });
 pool.on('error', (err) => console.error('idle connection lost:', err.message));
 
-// Charges the job's amount once per job id: its writes and its result
-// commit together (one transaction); a delivery of a job that already ran
-// gets that result back without running.
-const chargeOnce = idempotent(pool, async (run, jobId, data) => {
-  const { rows } = await run.db.query('INSERT INTO charges (amount) VALUES ($1) RETURNING id', [data.amount]);
-  if (process.env.JOBS_CRASH === 'mid-job') crash('mid-job: the charge is written, not committed');
-  return { charge: Number(rows[0].id) };
-}, { key: (jobId) => jobId, scope: `pg-boss:${QUEUE}` });
+// Returns the job: it charges the job's amount once per job id: its
+// writes and its result commit together (one transaction); a delivery of a
+// job that already ran gets that result back without running. With
+// JOBS_ACK=transaction, pg-boss's completion of the job commits with them
+// too (complete() with the function's transaction as its db).
+function chargeJob(boss) {
+  return idempotent(pool, async (run, jobId, data) => {
+    const { rows } = await run.db.query('INSERT INTO charges (amount) VALUES ($1) RETURNING id', [data.amount]);
+    if (process.env.JOBS_CRASH === 'mid-job') crash('mid-job: the charge is written, not committed');
+    const result = { charge: Number(rows[0].id) };
+    if (process.env.JOBS_ACK === 'transaction')
+      await boss.complete(QUEUE, jobId, result, { db: { executeSql: (text, values) => run.db.query(text, values) } });
+    return result;
+  }, { key: (jobId) => jobId, scope: `pg-boss:${QUEUE}` });
+}
 
 // Ends the process at once, as a kill -9 would.
 function crash(where) {
@@ -66,6 +74,7 @@ async function work() {
       amount numeric NOT NULL,
       created_at timestamptz NOT NULL DEFAULT now())`);
   const boss = await startBoss();
+  const chargeOnce = chargeJob(boss);
   await boss.work(QUEUE, { batchSize: 1, pollingIntervalSeconds: 0.5 }, async ([job]) => {
     const result = await chargeOnce(job.id, job.data);
     if (process.env.JOBS_CRASH === 'after-commit') crash('after-commit: the charge committed, not acknowledged');
