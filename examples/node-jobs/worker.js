@@ -9,6 +9,7 @@
 //   ./run worker            works on the queue until SIGTERM
 //   ./run enqueue AMOUNT    sends a job; prints its id
 //   ./run status ID         prints the job's state and output (JSON)
+//   ./run storm [once|bare] the redelivery storm: jobs per second, effects
 //
 // Environment: DATABASE_URL; JOBS_EXPIRE_SECONDS (default 60: how long a
 // delivery may run before pg-boss delivers the job again); JOBS_ACK=transaction
@@ -89,6 +90,62 @@ async function work() {
   process.once('SIGINT', stop);
 }
 
+// The redelivery storm: ORDERS units of work, each sent as DELIVERIES jobs
+// (what a queue redelivering every job that often would hand the workers),
+// worked on by WORKERS at once; the job wrapped in the function keyed by
+// the order, or the bare handler. Prints jobs per second and how many
+// effects (rows) the orders got.
+const STORM = { orders: 100, deliveries: 20, workers: 8 };
+
+// Runs the storm with the wrapped job (mode "once") or the bare handler ("bare").
+async function storm(mode = 'once') {
+  if (!['once', 'bare'].includes(mode)) throw new Error('storm once | bare');
+  const queue = `storm-${mode}-${Date.now()}`;
+  await pool.query('CREATE TABLE IF NOT EXISTS storm_effects (order_id int NOT NULL, mode text NOT NULL, queue text NOT NULL)');
+  const effect = (db, order) => db.query('INSERT INTO storm_effects VALUES ($1, $2, $3)', [order, mode, queue]);
+  const once = idempotent(pool, async (run, order) => {
+    await effect(run.db, order);
+    return { order };
+  }, { key: (order) => `${queue}:${order}`, scope: 'storm', wait: '30 seconds' });
+  const bare = async (order) => {
+    const db = await pool.connect();
+    try {
+      await db.query('BEGIN');
+      await effect(db, order);
+      await db.query('COMMIT');
+    } finally {
+      db.release();
+    }
+    return { order };
+  };
+  const boss = await startBoss();
+  await boss.createQueue(queue, { retryLimit: 5, retryDelay: 0 });
+  const jobs = [];
+  for (let d = 0; d < STORM.deliveries; d++)
+    for (let order = 0; order < STORM.orders; order++) jobs.push({ data: { order } });
+  await boss.insert(queue, jobs);
+  const total = jobs.length;
+  let done = 0;
+  const started = process.hrtime.bigint();
+  await new Promise((resolve) => {
+    // Batches of 10 (one job at a time per worker), fetched again at once while batches come back full.
+    boss.work(queue, {
+      batchSize: 10, burstWhenBatchFull: true, localConcurrency: STORM.workers, pollingIntervalSeconds: 0.5,
+    }, async (batch) => {
+      for (const job of batch) await (mode === 'once' ? once : bare)(job.data.order);
+      done += batch.length;
+      if (done === total) resolve();
+    });
+  });
+  const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+  const { rows } = await pool.query(`SELECT sum(n)::int AS effects, count(*)::int AS orders, max(n)::int AS most
+      FROM (SELECT order_id, count(*) AS n FROM storm_effects WHERE queue = $1 GROUP BY order_id) AS o`, [queue]);
+  console.log(`${mode}: ${total} jobs (${STORM.orders} orders x ${STORM.deliveries}) over ${STORM.workers} workers: ` +
+    `${(total / seconds).toFixed(0)} jobs/s; ${rows[0].effects} effects on ${rows[0].orders} orders, at most ${rows[0].most} per order`);
+  await boss.stop({ graceful: false, wait: true });
+  await pool.end();
+}
+
 // Sends a job charging amount; prints its id.
 async function enqueue(amount) {
   const boss = await startBoss();
@@ -109,9 +166,9 @@ async function status(id) {
 }
 
 const [command, arg] = process.argv.slice(2);
-const commands = { worker: work, enqueue, status };
+const commands = { worker: work, enqueue, status, storm };
 if (!commands[command]) {
-  console.error('usage: worker.js worker | enqueue AMOUNT | status ID');
+  console.error('usage: worker.js worker | enqueue AMOUNT | status ID | storm [once | bare]');
   process.exit(2);
 }
 commands[command](arg).catch((err) => {
