@@ -124,7 +124,7 @@ export class ClaimLostError extends Error {
 
 export type ProblemCode =
   | 'idempotency_key_missing' | 'idempotency_key_invalid' | 'idempotency_key_in_progress'
-  | 'idempotency_key_mismatch' | 'idempotency_claim_lost' | 'idempotency_unavailable';
+  | 'idempotency_key_mismatch' | 'idempotency_claim_lost' | 'idempotency_unavailable' | 'webhook_unverified';
 
 export interface MiddlewareOptions {
   /** The methods that take a key (default POST, PATCH). */
@@ -137,8 +137,8 @@ export interface MiddlewareOptions {
   retries?: number;
   /** Milliseconds before the first ask again, doubled each time (default 50). */
   retryDelay?: number;
-  /** How long a running request holds its key (default '60 seconds'). */
-  lease?: Interval;
+  /** How long a running request holds its key (default null: the setting idempotency.lease, 60s). */
+  lease?: Interval | null;
   /** How long a response is replayed (default: the setting idempotency.retention, 24h). */
   retention?: Interval | null;
   /** The response headers a replay repeats (default content-type, location). */
@@ -163,6 +163,87 @@ export interface MiddlewareOptions {
   cache?: boolean | { max?: number; maxBytes?: number; maxEntryBytes?: number };
   /** Where the spans go (default OpenTelemetry's global tracer provider). */
   tracerProvider?: TracerProviderLike | null;
+  /** The key of a request (default: its Idempotency-Key field); undefined when none was sent, null when malformed. */
+  key?: (req: IncomingMessage & { body?: unknown }) => string | null | undefined;
+  /** Runs before anything is claimed; throws when the request is not authentic (a webhook's signature): 401 webhook_unverified. */
+  verify?: ((req: IncomingMessage & { rawBody: Buffer }) => void | Promise<void>) | null;
+}
+
+/** What verifies a Standard Webhooks delivery: new Webhook(secret) of the package standardwebhooks. */
+export interface WebhookVerifier {
+  verify(payload: Buffer, headers: Record<string, string>): unknown;
+}
+
+/** The middleware options of a Standard Webhooks receiver: verified before the claim, key = webhook-id, scope = sender. */
+export function standardWebhook(webhook: WebhookVerifier, options?: { sender?: string }):
+  Required<Pick<MiddlewareOptions, 'methods' | 'verify' | 'key' | 'scope'>>;
+
+/** A key option reading a string field of the JSON body (default "id", Stripe's event id). */
+export function bodyKey(field?: string): NonNullable<MiddlewareOptions['key']>;
+
+/** What an idempotent function gets as its first argument. */
+export interface Run {
+  /** A client in the transaction whose writes commit with the stored result. */
+  db: Queryable;
+  key: string;
+  scope: string | null;
+  /** 1, or more after a takeover (two transactions: a run that outlived its lease or died). */
+  attempt: number;
+  /** The last checkpoint of an earlier attempt (two transactions), else null. */
+  recoveryPoint: string | null;
+  recoveryState: unknown;
+  /** Records a recovery point (two transactions: committed at once, the lease renewed). */
+  checkpoint(point: string, state?: unknown): Promise<void>;
+}
+
+export interface IdempotentOptions<A extends unknown[]> {
+  /** The unit of work's key, from the arguments. */
+  key: (...args: A) => string;
+  /** Its scope (default null: the setting idempotency.scope). */
+  scope?: string | null | ((...args: A) => string);
+  /** true (default): the claim, the function's writes and its result in one transaction; false: the claim commits first (a function that calls out). */
+  oneTransaction?: boolean;
+  /** Default null: the setting idempotency.lease; renewed while the function runs (two transactions). */
+  lease?: Interval | null;
+  retention?: Interval | null;
+  /** How long a duplicate waits for the run in progress (default '2 seconds'). */
+  wait?: Interval | null;
+  /** Milliseconds between lease renewals (default a third of the lease). */
+  extendEvery?: number | null;
+  /** Which errors are stored and given back to duplicates (default: those with final: true). */
+  final?: (err: unknown) => boolean;
+  /** The result as stored (default JSON.stringify) and back (default JSON.parse). */
+  serialize?: (value: any) => string | null;
+  deserialize?: (text: string | null) => any;
+  retries?: number;
+  retryDelay?: number;
+  log?: (message: string) => void;
+  tracerProvider?: TracerProviderLike | null;
+}
+
+/** Wraps fn so that each unit of work (options.key of its arguments) runs once; duplicates get its result. */
+export function idempotent<A extends unknown[], R>(pool: PoolLike, fn: (run: Run, ...args: A) => Promise<R>,
+  options: IdempotentOptions<A>): (...args: A) => Promise<R>;
+
+/** A duplicate found the unit of work still running after its wait. */
+export class IdempotencyInProgressError extends Error {
+  readonly code: 'idempotency_key_in_progress';
+  readonly key: string;
+  /** Whole seconds until the running one's lease ends. */
+  readonly retryAfter: number;
+}
+
+/** The key was used with other arguments. */
+export class IdempotencyMismatchError extends Error {
+  readonly code: 'idempotency_key_mismatch';
+  readonly key: string;
+}
+
+/** The first run failed with a final error, given back to a duplicate. */
+export class IdempotencyStoredError extends Error {
+  readonly code: 'idempotency_stored_error';
+  readonly key: string;
+  readonly error: { name: string; message: string; code: string | null };
 }
 
 /** Express middleware; gives the handler req.db (a transaction), req.rawBody and a parsed req.body. */

@@ -9,7 +9,8 @@
 
 const express = require('express');
 const { Pool } = require('pg');
-const { idempotency } = require('pg-idempotency');
+const { idempotency, standardWebhook } = require('pg-idempotency');
+const { Webhook } = require('standardwebhooks');
 
 const pool = new Pool({
   connectionString: process.env.DATABASE_URL,
@@ -23,6 +24,9 @@ app.disable('x-powered-by');
 
 // Health: answers without touching the database.
 app.get('/', (req, res) => res.json({ status: 'ok' }));
+
+// WEBHOOK_SECRET (whsec_...): serve POST /webhooks.
+if (process.env.WEBHOOK_SECRET) app.use(webhookReceiver(process.env.WEBHOOK_SECRET));
 
 // After authentication, before the routes it guards. With authentication,
 // pass the principal as the scope (scope: (req) => `account:${req.user.id}`):
@@ -40,13 +44,33 @@ app.post('/payments', async (req, res) => {
   const { amount, delay_ms: delayMs = 0, fail = false } = req.body ?? {};
   if (typeof amount !== 'number' || !(amount > 0))
     return res.status(400).json({ error: 'amount must be a positive number' });
-  if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
-  const { rows } = await req.db.query(
-    'INSERT INTO charges (amount) VALUES ($1) RETURNING id', [amount]);
-  const charge = Number(rows[0].id);
+  const charge = await chargeOnce(req.db, amount, delayMs);
   if (fail) return res.status(500).json({ error: `charge ${charge} was declined` });
   res.status(201).json({ charge });
 });
+
+// Writes a charge of amount through db (after delayMs); returns its id.
+async function chargeOnce(db, amount, delayMs = 0) {
+  if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+  const { rows } = await db.query('INSERT INTO charges (amount) VALUES ($1) RETURNING id', [amount]);
+  return Number(rows[0].id);
+}
+
+// Standard Webhooks receiver: the event's data.amount is charged as
+// POST /payments charges it. The middleware verifies the signature and
+// timestamp before it claims anything (401 otherwise); the key is the
+// webhook-id, the scope the sender: a redelivery gets the stored answer.
+// Mounted on its route, so the Idempotency-Key middleware below does not see it.
+function webhookReceiver(secret) {
+  return express.Router().post('/webhooks',
+    idempotency(pool, standardWebhook(new Webhook(secret), { sender: 'standard-webhooks' })),
+    async (req, res) => {
+      const { amount, delay_ms: delayMs = 0 } = req.body?.data ?? {};
+      if (typeof amount !== 'number' || !(amount > 0))
+        return res.status(400).json({ error: 'data.amount must be a positive number' });
+      res.status(200).json({ charge: await chargeOnce(req.db, amount, delayMs) });
+    });
+}
 
 // Creates the business table when missing, then listens.
 async function main() {

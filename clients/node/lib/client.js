@@ -49,13 +49,16 @@ function literal(value, type = null) {
 // column not asked for is one less for the client to parse.
 const HTTP_COLUMNS = 'outcome, fence, attempt, status_code, headers, body, retry_after';
 
+// The same and the recovery point and state, for work that resumes.
+const RESUMING_COLUMNS = `${HTTP_COLUMNS}, recovery_point, recovery_state`;
+
 // Returns the text of a claim whose arguments are literals (options as for
-// claim()), answering the HTTP layer's columns only.
+// claim()), answering the HTTP layer's columns only, or o.columns.
 function claimText(key, fp, o) {
   const args = `${literal(key)}, ${literal(bytes(fp), 'bytea')}, scope => ${literal(o.scope, 'text')}, ` +
     `lease => ${literal(interval(o.lease), 'interval')}, retention => ${literal(interval(o.retention), 'interval')}, ` +
     `wait => ${literal(interval(o.wait), 'interval')}, token => ${literal(o.token, 'uuid')}`;
-  return `SELECT ${HTTP_COLUMNS} FROM idempotency.claim(${args})`;
+  return `SELECT ${o.columns ?? HTTP_COLUMNS} FROM idempotency.claim(${args})`;
 }
 
 // Returns the text of a complete whose arguments are literals.
@@ -224,5 +227,5 @@ IdempotencyClient.fingerprint = fingerprint;
 
 module.exports = {
   IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
-  PREPARE, executeClaimText, executeCompleteText,
+  PREPARE, executeClaimText, executeCompleteText, RESUMING_COLUMNS,
 };

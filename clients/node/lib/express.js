@@ -7,23 +7,23 @@
 // all. By default the claim commits on its own first (a concurrent retry
 // sees it at once, a crashed request's key is taken over when its lease
 // ends); with oneTransaction the claim is in the handler's transaction too.
-// Statements that can travel together do (pipelined, pg 8.23 or later).
+// The claim, complete and connection handling are the shared flow (flow.js).
 
 const crypto = require('node:crypto');
 const { fingerprint } = require('./fingerprint');
-const { parseIdempotencyKey } = require('./key');
+const { idempotencyKeyOf } = require('./key');
 const {
-  IdempotencyClient, ClaimLostError, interval, claimText, completeText, claimFromRow,
-  PREPARE, executeClaimText, executeCompleteText,
-} = require('./client');
+  Flow, positive, connectionLost, statementsGone, together, inOneWrite, transactionHandle,
+} = require('./flow');
 const { ReplayCache } = require('./replay-cache');
-const { traced, tracedReplayFromMemory, describeClaim, describeComplete } = require('./telemetry');
+const { httpAnswers } = require('./http-answers');
+const { tracedReplayFromMemory } = require('./telemetry');
 
 const DEFAULTS = {
   methods: ['POST', 'PATCH'], // the methods that take a key
   required: true, // 400 when a covered request has no key; false: run it unguarded
   failOpen: false, // when an idempotency call fails: false = 503, true = run unguarded
-  lease: '60 seconds', // longer than the slowest handler: then a retry takes over
+  lease: null, // null: the setting idempotency.lease (60s); longer than the slowest handler: then a retry takes over
   retention: null, // null: the setting idempotency.retention (24h)
   storeHeaders: ['content-type', 'location'], // the response headers a replay repeats
   limit: 1024 * 1024, // the largest request body read, in bytes
@@ -38,27 +38,17 @@ const DEFAULTS = {
   prepare: false, // true: claim and complete as SQL prepared statements (not through a transaction pooler)
   cache: true, // replays from memory: false, true (the defaults below) or { max, maxBytes, maxEntryBytes }
   tracerProvider: null, // where the spans go: null = OpenTelemetry's global tracer provider
+  key: idempotencyKeyOf, // (req) => the key; undefined: none sent; null: malformed
+  verify: null, // (req) => throws when the request is not authentic (a webhook's signature): 401, nothing claimed
 };
 
 // How long, by default, a duplicate of a request running in one transaction waits for it.
 const ONE_TRANSACTION_WAIT = '2 seconds';
 
-// One transaction, after a 5xx rolled the claim back with everything else:
-// keeps the 5xx for replay only when idempotency.store_server_errors is on
-// (a one-time filter: otherwise the claim is not even called), by claiming
-// the key again and completing it in one statement.
-const KEEP_SERVER_ERROR = `SELECT idempotency.complete($1, c.fence, $3, $4, $5::jsonb, $6) AS result
-  FROM idempotency.claim($1, $2, scope => $6, lease => $7::interval, retention => $8::interval) AS c
- WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean
-   AND c.outcome OPERATOR(pg_catalog.=) 'new'`;
-
 // The detail of a 503 after a lost COMMIT whose outcome the database could not tell.
 const UNKNOWN = 'The connection to the database was lost while this request was committed; ' +
   'whether it took effect is not known. Retry with the same Idempotency-Key.';
 
-const TITLES = {
-  400: 'Bad Request', 409: 'Conflict', 422: 'Unprocessable Content', 503: 'Service Unavailable',
-};
 
 // Returns the scope of a request: the SHA-256 of its credential, '' without one.
 function credentialScope(req) {
@@ -68,15 +58,6 @@ function credentialScope(req) {
       return crypto.createHash('sha256').update(`${name}:${credential}`).digest('hex');
   }
   return '';
-}
-
-// Returns the Idempotency-Key field as sent: undefined when absent, null when sent more than once.
-function keyField(req) {
-  const values = [];
-  for (let i = 0; i < req.rawHeaders.length; i += 2)
-    if (req.rawHeaders[i].toLowerCase() === 'idempotency-key') values.push(req.rawHeaders[i + 1]);
-  if (values.length > 1) return null;
-  return values[0];
 }
 
 // Splits the request URL into its path and query (null when there is none).
@@ -153,131 +134,22 @@ function holdResponse(res, onEnd) {
   };
 }
 
-// True for a wait above zero: a number of milliseconds, or an interval's
-// text with a digit other than 0 and nothing that negates it (a minus sign,
-// "ago"): the extension would refuse a negative wait at every claim.
-function positive(wait) {
-  if (typeof wait === 'number') return wait > 0;
-  const text = String(wait);
-  return /[1-9]/.test(text) && !/-|ago/i.test(text);
-}
-
-// True when err is not the server's answer to a statement but a lost
-// connection (a socket error, "Connection terminated unexpectedly", a
-// connection-class or shutdown SQLSTATE): what the statement did is not known.
-function connectionLost(err) {
-  if (err instanceof ClaimLostError) return false; // IK001, wrapped
-  if (typeof err?.severity !== 'string') return true;
-  return /^(08|57P0)/.test(err.code ?? '');
-}
-
-// The connections on which the middleware's PREPARE ran (the prepare option).
-const prepared = new WeakSet();
-
-// True when err says a prepared statement is gone from its connection
-// (DISCARD ALL or DEALLOCATE ran there): the statement did not run.
-function statementsGone(err) {
-  return err?.code === '26000';
-}
-
-// Ignores an 'error' event of a checked-out connection: the statement in
-// flight rejects with the same error, which is where it is handled.
-function onDropped() {}
-
-// Waits ms milliseconds.
-function sleep(ms) {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-// Runs calls, each of which sends one statement on db, so that they travel
-// together when the client pipelines (pg 8.23 or later: one round trip for
-// all), else one after another; resolves to their outcomes as
-// Promise.allSettled does. Pipelined or not, every statement is sent, as
-// the server would run it after a failed one: a COMMIT after a failed
-// complete rolls back.
-async function together(db, calls) {
-  if (typeof db.pipeline !== 'boolean') {
-    const outcomes = [];
-    for (const call of calls) {
-      try {
-        outcomes.push({ status: 'fulfilled', value: await call() });
-      } catch (reason) {
-        outcomes.push({ status: 'rejected', reason });
-      }
-    }
-    return outcomes;
-  }
-  const was = db.pipeline;
-  db.pipeline = true; // until every answer is in: pg reads the answers of what it sent in pipeline mode
-  try {
-    return await Promise.allSettled(inOneWrite(db, () => calls.map((call) => call())));
-  } finally {
-    db.pipeline = was;
-  }
-}
-
-// Runs send(), which queues statements on db, with db's socket corked, so
-// that they leave in one write (as pg does with the messages of one
-// statement): one system call for the client and one read for the server,
-// instead of one each. Returns what send() returns.
-function inOneWrite(db, send) {
-  const socket = db.connection?.stream;
-  if (typeof socket?.cork !== 'function' || typeof socket.uncork !== 'function') return send();
-  socket.cork();
-  try {
-    return send();
-  } finally {
-    socket.uncork();
-  }
-}
-
-// Returns the values of outcomes, or throws the first failure among them.
-function valuesOf(outcomes) {
-  const failed = outcomes.find((o) => o.status === 'rejected');
-  if (failed) throw failed.reason;
-  return outcomes.map((o) => o.value);
-}
-
-// Returns req.db: the connection db while the request's transaction lasts;
-// afterwards (a timeout answered, the connection went back to the pool) its
-// queries fail instead of running in whatever transaction the connection
-// is in by then.
-function transactionHandle(db) {
-  const handle = { open: true };
-  const query = (...args) => {
-    if (handle.open) return db.query(...args);
-    const err = new Error('pg-idempotency: this request\'s transaction has ended ' +
-      '(its response was sent, or a timeout answered it); the query was not run');
-    const callback = args.find((a) => typeof a === 'function');
-    if (callback) return void process.nextTick(callback, err);
-    return Promise.reject(err);
-  };
-  handle.db = new Proxy(db, {
-    get(target, name) {
-      if (name === 'query') return query;
-      if (name === 'release') return undefined; // the middleware gives the connection back
-      const value = Reflect.get(target, name, target);
-      return typeof value === 'function' ? value.bind(target) : value;
-    },
-  });
-  return handle;
-}
-
 // Returns the Express middleware; pool is a pg.Pool on the database of the business data.
 function idempotency(pool, options = {}) {
   if (!pool || typeof pool.connect !== 'function') throw new TypeError('idempotency() needs a pg.Pool');
   const opts = { ...DEFAULTS, ...options };
   const methods = new Set(opts.methods.map((m) => m.toUpperCase()));
-  const client = new IdempotencyClient(pool, {
-    lease: opts.lease, retention: opts.retention, tracerProvider: opts.tracerProvider,
-  });
-  const { tracer } = client;
   const wait = opts.wait ?? (opts.oneTransaction ? ONE_TRANSACTION_WAIT : null);
+  const flow = new Flow(pool, { ...opts, wait });
+  const { client, tracer } = flow;
+  const {
+    problem, replaceWith, replaceResponse, answer, answerClaimedAgain, invalidKey, unavailable, claimLost,
+    headersToStore,
+  } = httpAnswers(opts);
   if (opts.oneTransaction && !positive(wait))
     throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
       '(a duplicate would otherwise wait for the first without a bound)');
   const cache = opts.cache ? new ReplayCache(opts.cache === true ? {} : opts.cache) : null;
-  const pipelinedBefore = new WeakMap(); // a connection running ahead => its pipeline setting before
   // pg emits 'error' on the pool when an idle connection drops: without a
   // listener that would end the process. Logged unless the application listens too.
   pool.on('error', (err) => {
@@ -295,156 +167,33 @@ function idempotency(pool, options = {}) {
       .catch(next);
   };
 
-  // Checks a connection out of the pool (for the middleware's statements:
-  // with them prepared, per the prepare option); one that drops meanwhile
-  // must not end the process.
-  async function checkout({ forStatements = true } = {}) {
-    const db = await pool.connect();
-    db.on('error', onDropped);
-    if (opts.prepare && forStatements && !prepared.has(db)) {
-      try {
-        await prepareOn(db);
-      } catch (err) {
-        checkin(db, err);
-        throw err;
-      }
-      prepared.add(db);
-    }
-    return db;
-  }
-
-  // Prepares the middleware's statements on db, each unless it already is
-  // (42P05: a copy of this module that shares the pool prepared it).
-  async function prepareOn(db) {
-    for (const statement of PREPARE) {
-      try {
-        await db.query(statement);
-      } catch (err) {
-        if (err.code !== '42P05') throw err;
-      }
-    }
-  }
-
-  // Gives a connection back, or discards it when err says it is lost.
-  function checkin(db, err) {
-    if (pipelinedBefore.has(db)) {
-      db.pipeline = pipelinedBefore.get(db);
-      pipelinedBefore.delete(db);
-    }
-    if (err && connectionLost(err)) return db.release(err); // still listening: it may emit again
-    db.removeListener('error', onDropped);
-    db.release();
-  }
-
-  // Ends the transaction db is in, if any (a pipelined COMMIT after a failed
-  // statement has ended it already), and gives the connection back. The
-  // status is the last ReadyForQuery's, and pg rejects a failed statement
-  // at its error, which the server sends ahead of that ReadyForQuery: until
-  // the client is ready again, an idle status may be stale ("BEGIN; claim"
-  // failed: the transaction is open, aborted), so ROLLBACK then.
-  async function rollbackAndCheckin(db, cause = null) {
-    if (statementsGone(cause)) prepared.delete(db); // the next checkout prepares them again
-    if (typeof db.getTransactionStatus === 'function' && db.getTransactionStatus() === 'I' &&
-        db.readyForQuery === true)
-      return checkin(db);
-    try {
-      await db.query('ROLLBACK');
-      checkin(db);
-    } catch (err) {
-      checkin(db, err);
-    }
-  }
-
-  // Returns the text of the claim of request c (its arguments as literals,
-  // so that it can share a simple query with BEGIN).
-  function claimSql(c) {
-    return (opts.prepare ? executeClaimText : claimText)(c.key, c.fp, {
-      scope: c.scope, lease: opts.lease, retention: opts.retention, wait, token: c.token,
-    });
-  }
-
-  // Sends BEGIN and the claim of c on db as one simple query (one round
-  // trip); resolves to the claim.
-  function beginAndClaim(db, c) {
-    return traced(tracer, 'idempotency.claim', c.key,
-      () => db.query(`BEGIN; ${claimSql(c)}`).then((results) => claimFromRow(results[1].rows[0])), describeClaim);
-  }
-
-  // Sends one claim of c on db, with the BEGIN of the handler's transaction:
-  // one transaction: BEGIN, then the claim in it, in one simple query; two:
-  // the claim on its own (it commits at once), then BEGIN: pipelined (pg
-  // 8.23 or later) both at once, and a claim that is not new rolls the
-  // empty transaction back; otherwise BEGIN only after new.
-  // Resolves to { claim, open } (open: db is in a transaction).
-  async function claimOn(db, c) {
-    if (opts.oneTransaction) return { claim: await beginAndClaim(db, c), open: true };
-    const claim = () => traced(tracer, 'idempotency.claim', c.key,
-      () => db.query(claimSql(c)).then((r) => claimFromRow(r.rows[0])), describeClaim);
-    const begin = () => db.query('BEGIN');
-    if (typeof db.pipeline === 'boolean') {
-      const [got] = valuesOf(await together(db, [claim, begin]));
-      return { claim: got, open: true };
-    }
-    const got = await claim();
-    if (got.outcome === 'new') await begin();
-    return { claim: got, open: got.outcome === 'new' };
-  }
-
-  // Claims on a fresh connection, asking again with the same token (at most
-  // opts.retries times in all, counting from attempt) while the answer is
-  // lost: a claim that committed unheard answers new again. Resolves to
-  // { claim, db, open }; when new, db is in the transaction the handler gets.
-  async function claimRecovering(c, first = 0) {
-    for (let attempt = first; ; attempt++) {
-      if (attempt > 0) await sleep(opts.retryDelay * 2 ** (attempt - 1));
-      let db = null;
-      try {
-        db = await checkout();
-        return { db, ...await claimOn(db, c) };
-      } catch (err) {
-        if (db) {
-          if (connectionLost(err)) checkin(db, err);
-          else await rollbackAndCheckin(db, err);
-        }
-        if (!(connectionLost(err) || statementsGone(err)) || attempt >= opts.retries) throw err;
-        if (connectionLost(err)) {
-          c.claimLost = true;
-          opts.log(`the claim's answer was lost (${err.message}); asking again`);
-        }
-      }
-    }
-  }
-
   // Claims the key and answers, or runs the handler in a transaction.
   async function guard(req, res, next) {
-    const field = keyField(req);
-    if (field === undefined) {
+    if (opts.verify && !await verified(req, res)) return undefined;
+    const key = opts.key(req);
+    if (key === undefined) {
       if (opts.required)
         return problem(res, 400, 'idempotency_key_missing', 'This request needs an Idempotency-Key header.');
       return runHandler(req, res, next);
     }
-    const key = parseIdempotencyKey(field);
-    if (key === null) return invalidKey(res);
+    if (typeof key !== 'string' || key === '') return invalidKey(res);
 
     const [path, query] = pathAndQuery(req);
-    const c = {
-      key, scope: opts.scope(req), token: crypto.randomUUID(), reruns: 0,
-      fp: fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query),
-    };
+    const c = Flow.work(key, opts.scope(req), fingerprint(req.method, path, req.rawBody.length > 0 ? req.rawBody : null, query));
     const remembered = cache?.get(c.scope, c.key, c.fp);
     if (remembered) {
       tracedReplayFromMemory(tracer, c.key);
       return answer(res, remembered);
     }
     if (opts.oneTransaction && opts.runAhead && !opts.failOpen) {
-      const db = await checkout().catch(() => null); // none: claimRecovering tries again
-      if (db && answeredMeanwhile(req, res)) return checkin(db);
+      const db = await flow.checkout().catch(() => null); // none: claimRecovering tries again
+      if (db && answeredMeanwhile(req, res)) return flow.checkin(db);
       if (db && typeof db.pipeline === 'boolean') return runAhead(req, res, next, c, db);
-      if (db) checkin(db);
+      if (db) flow.checkin(db);
     }
     let got;
     try {
-      got = await claimRecovering(c);
+      got = await flow.claimRecovering(c);
     } catch (err) {
       if (err.code === '22023') return invalidKey(res); // a key the extension refuses
       if (!opts.failOpen) return unavailable(res, err);
@@ -454,15 +203,26 @@ function idempotency(pool, options = {}) {
     if (got.claim.outcome !== 'new') {
       answerClaimedAgain(res, c, got.claim); // the answer goes out first; the empty transaction ends after
       if (got.claim.outcome === 'replay') remember(c, got.claim);
-      return got.open ? rollbackAndCheckin(got.db) : checkin(got.db);
+      return got.open ? flow.rollbackAndCheckin(got.db) : flow.checkin(got.db);
     }
     c.fence = got.claim.fence;
     if (answeredMeanwhile(req, res)) { // the handler does not run: nothing to keep
-      await rollbackAndCheckin(got.db);
+      await flow.rollbackAndCheckin(got.db);
       if (!opts.oneTransaction) await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
       return undefined;
     }
     return handOver(req, res, next, c, got.db, next);
+  }
+
+  // True when opts.verify accepts the request; otherwise answers 401 (nothing is claimed).
+  async function verified(req, res) {
+    try {
+      await opts.verify(req);
+      return true;
+    } catch (err) {
+      problem(res, 401, 'webhook_unverified', `The request could not be verified: ${err.message}.`);
+      return false;
+    }
   }
 
   // True when the request was answered while the middleware waited for the
@@ -480,10 +240,9 @@ function idempotency(pool, options = {}) {
   // The claim leaves in one write with the statement the handler sends
   // first, when it sends one before it awaits anything.
   function runAhead(req, res, next, c, db) {
-    pipelinedBefore.set(db, db.pipeline);
-    db.pipeline = true; // for the whole request: the handler's statements follow the claim unanswered
+    flow.pipelineUntilCheckin(db); // for the whole request: the handler's statements follow the claim unanswered
     return inOneWrite(db, () => {
-      c.pending = beginAndClaim(db, c);
+      c.pending = flow.beginAndClaim(db, c);
       c.pending.catch(() => {}); // awaited when the handler has answered
       return handOver(req, res, next, c, db, next);
     });
@@ -502,11 +261,11 @@ function idempotency(pool, options = {}) {
       claim = await pending;
     } catch (err) {
       if (connectionLost(err)) {
-        checkin(db, err);
+        flow.checkin(db, err);
         c.claimLost = true;
         return recover(req, res, next, c, body, 1);
       }
-      await rollbackAndCheckin(db, err);
+      await flow.rollbackAndCheckin(db, err);
       if (statementsGone(err)) return recover(req, res, next, c, body, 1); // nothing ran: run it again
       if (err.code === '22023') return replaceWith(res, () => invalidKey(res));
       return replaceWith(res, () => unavailable(res, err));
@@ -515,7 +274,7 @@ function idempotency(pool, options = {}) {
       c.fence = claim.fence;
       return undefined;
     }
-    await rollbackAndCheckin(db);
+    await flow.rollbackAndCheckin(db);
     if (claim.outcome === 'replay') remember(c, claim);
     return replaceWith(res, () => answer(res, claim));
   }
@@ -536,10 +295,10 @@ function idempotency(pool, options = {}) {
   async function runHandler(req, res, next) {
     let db = null;
     try {
-      db = await checkout({ forStatements: false });
+      db = await flow.checkout({ forStatements: false });
       await db.query('BEGIN');
     } catch (err) {
-      if (db) checkin(db, err);
+      if (db) flow.checkin(db, err);
       return unavailable(res, err);
     }
     return handOver(req, res, next, null, db, next);
@@ -567,17 +326,17 @@ function idempotency(pool, options = {}) {
     }
     if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
     try {
-      if (c) await completeAndCommit(db, c, res, body);
+      if (c) await flow.completeAndCommit(db, c, res.statusCode, body, headersToStore(res));
       else await db.query('COMMIT');
-      checkin(db);
+      flow.checkin(db);
       return true;
     } catch (err) {
       if (connectionLost(err)) {
-        checkin(db, err);
+        flow.checkin(db, err);
         if (c) return recover(req, res, next, c, body);
         return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
       }
-      await rollbackAndCheckin(db, err);
+      await flow.rollbackAndCheckin(db, err);
       if (err.code === 'IK001') return claimLost(res);
       if (c && !opts.oneTransaction) // one transaction: the claim rolled back with the rest
         await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
@@ -595,15 +354,15 @@ function idempotency(pool, options = {}) {
   async function recover(req, res, next, c, body, first = 0) {
     let got;
     try {
-      got = await claimRecovering(c, first);
+      got = await flow.claimRecovering(c, first);
     } catch (err) {
       opts.log(`the COMMIT's answer was lost and the database cannot tell: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
     const { claim, db, open } = got;
     if (claim.outcome !== 'new') {
-      if (open) await rollbackAndCheckin(db);
-      else checkin(db);
+      if (open) await flow.rollbackAndCheckin(db);
+      else flow.checkin(db);
     }
     // Asked again for a claim whose answer never came (first > 0: running
     // ahead, nothing of it committed): its answer is the claim's own.
@@ -620,7 +379,7 @@ function idempotency(pool, options = {}) {
     if (res.headersSent || !req.route || c.reruns >= opts.retries || req.timedout) {
       await db.query('ROLLBACK').catch(() => {});
       if (!opts.oneTransaction) await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
-      checkin(db);
+      flow.checkin(db);
       if (req.timedout) return true; // a timeout answered: its answer goes out, the handler does not run again
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The connection to the database was lost; nothing of this request was kept. Retry later.',
@@ -649,7 +408,7 @@ function idempotency(pool, options = {}) {
     const end = (on) => {
       if (!c) return null;
       if (timedOut) return opts.oneTransaction ? null : client.release(c.key, c.fence, { db: on, scope: c.scope });
-      if (opts.oneTransaction) return keepServerError(on, c, res, body);
+      if (opts.oneTransaction) return flow.claimAndComplete(on, c, res.statusCode, body, headersToStore(res));
       return client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
     };
     const [rolledBack, ended] = await together(db, [() => db.query('ROLLBACK'), () => end(db)]);
@@ -669,119 +428,8 @@ function idempotency(pool, options = {}) {
         await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
       else if (!broken) broken = failure; // the key frees itself when its lease ends
     }
-    checkin(db, broken);
+    flow.checkin(db, broken);
     return true;
-  }
-
-  // Sends complete and COMMIT in one simple query (one round trip); a
-  // complete that fails skips the COMMIT and leaves the transaction to roll back.
-  function completeAndCommit(db, c, res, body) {
-    const complete = opts.prepare ? executeCompleteText : completeText;
-    const sql = `${complete(c.key, c.fence, res.statusCode, body, headersToStore(res), c.scope)}; COMMIT`;
-    return traced(tracer, 'idempotency.complete', c.key,
-      () => db.query(sql).then((results) => results[0].rows[0].result), describeComplete);
-  }
-
-  // One transaction, after a 5xx: stores it for replay when
-  // idempotency.store_server_errors is on; otherwise (no row) the 5xx is
-  // released, as complete would answer.
-  function keepServerError(on, c, res, body) {
-    return traced(tracer, 'idempotency.complete', c.key,
-      () => on.query(KEEP_SERVER_ERROR, [c.key, c.fp, res.statusCode, body, JSON.stringify(headersToStore(res)),
-        c.scope, interval(opts.lease), interval(opts.retention)]).then((r) => r.rows[0]?.result ?? 'released'),
-      describeComplete);
-  }
-
-  // Answers 409: the lease ended and a retry took the key over; the handler's writes rolled back.
-  function claimLost(res) {
-    return replaceResponse(res, 409, 'idempotency_claim_lost',
-      'This request ran past its lease and a retry took it over; its writes were rolled back.',
-      { 'Retry-After': '1' });
-  }
-
-  // Picks the response headers that a replay repeats.
-  function headersToStore(res) {
-    const stored = {};
-    for (const name of opts.storeHeaders) {
-      const value = res.getHeader(name);
-      if (value !== undefined) stored[name] = Array.isArray(value) ? value.map(String) : String(value);
-    }
-    return stored;
-  }
-
-  // Answers a claim that did not win: replay, in_progress or mismatch.
-  function answer(res, claim) {
-    switch (claim.outcome) {
-      case 'replay':
-        res.statusCode = claim.statusCode;
-        for (const [name, value] of Object.entries(claim.headers ?? {})) res.setHeader(name, value);
-        res.setHeader('Idempotent-Replayed', 'true');
-        return res.end(claim.body ?? Buffer.alloc(0));
-      case 'in_progress':
-        return problem(res, 409, 'idempotency_key_in_progress',
-          'A request with this Idempotency-Key is still being processed.',
-          { 'Retry-After': String(claim.retryAfter) });
-      case 'mismatch':
-        return problem(res, 422, 'idempotency_key_mismatch',
-          'This Idempotency-Key was used with a different request.');
-      default:
-        throw new Error(`unexpected claim outcome ${claim.outcome}`);
-    }
-  }
-
-  // Answers a claim that did not win, asked again or not. One transaction:
-  // after a claim whose answer was lost, in_progress is most likely that
-  // claim's own transaction, which never commits and holds the key until
-  // the server learns its connection is gone (a half-open connection):
-  // not a 409 for the request's own claim, but a 503 (nothing was kept).
-  function answerClaimedAgain(res, c, claim) {
-    if (!(opts.oneTransaction && c.claimLost && claim.outcome === 'in_progress')) return answer(res, claim);
-    opts.log('the claim asked again after its answer was lost found the key still held; answering 503');
-    return problem(res, 503, 'idempotency_unavailable',
-      'The connection to the database was lost while this request was claimed; nothing of it was kept. Retry later.',
-      { 'Retry-After': String(claim.retryAfter) });
-  }
-
-  // Answers 400: the key is malformed or refused.
-  function invalidKey(res) {
-    return problem(res, 400, 'idempotency_key_invalid',
-      'The Idempotency-Key header must be one string of 1 to 255 printable characters.');
-  }
-
-  // Fails closed: without the database, a retry could run twice.
-  function unavailable(res, err) {
-    opts.log(`database unavailable: ${err.message}`);
-    return problem(res, 503, 'idempotency_unavailable',
-      'The idempotency store cannot be reached; nothing ran. Retry later.', { 'Retry-After': '1' });
-  }
-
-  // Replaces the handler's response with what send() sends; resolves to false (do not send the handler's).
-  function replaceWith(res, send) {
-    if (res.headersSent) {
-      res.destroy(); // too late to change: the client sees a failure and retries
-      return false;
-    }
-    for (const name of res.getHeaderNames()) res.removeHeader(name);
-    send();
-    return false;
-  }
-
-  // Replaces the handler's response with a problem.
-  function replaceResponse(res, status, code, detail, headers) {
-    return replaceWith(res, () => problem(res, status, code, detail, headers));
-  }
-
-  // Sends an RFC 9457 problem (application/problem+json) with its code.
-  function problem(res, status, code, detail, headers = {}) {
-    const body = JSON.stringify({
-      type: opts.problemTypes[code] ?? 'about:blank', title: TITLES[status], status, detail, code,
-    });
-    res.statusCode = status;
-    res.statusMessage = TITLES[status]; // RFC 9110's phrase: 422 is Unprocessable Content
-    for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
-    res.setHeader('Content-Type', 'application/problem+json');
-    res.setHeader('Content-Length', Buffer.byteLength(body));
-    res.end(body);
   }
 }
 

@@ -38,4 +38,21 @@ function parseIdempotencyKey(value) {
   return key;
 }
 
-module.exports = { parseIdempotencyKey, MAX_KEY_BYTES };
+// Returns header field name (lowercase) of req as sent: undefined when
+// absent, null when sent more than once.
+function headerField(req, name) {
+  const values = [];
+  for (let i = 0; i < req.rawHeaders.length; i += 2)
+    if (req.rawHeaders[i].toLowerCase() === name) values.push(req.rawHeaders[i + 1]);
+  if (values.length > 1) return null;
+  return values[0];
+}
+
+// Returns the key of a request from its Idempotency-Key field: undefined
+// when absent, null when malformed or sent more than once.
+function idempotencyKeyOf(req) {
+  const field = headerField(req, 'idempotency-key');
+  return field === undefined ? undefined : parseIdempotencyKey(field);
+}
+
+module.exports = { parseIdempotencyKey, headerField, idempotencyKeyOf, MAX_KEY_BYTES };

@@ -328,6 +328,44 @@ test('idempotency calls failing (no USAGE on the schema): 503, or unguarded with
   }
 });
 
+twoTransactionsOnly('the lease is the database setting (ALTER ROLE ... SET idempotency.lease) unless the lease option is given', async () => {
+  const role = `idempotency_test_node_lease${suffix}`;
+  await pool.query(`DO $$ BEGIN CREATE ROLE ${role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`);
+  await pool.query(`GRANT USAGE ON SCHEMA idempotency TO ${role}; ALTER ROLE ${role} SET idempotency.lease = '17s'`);
+  const limited = newPool({ user: role });
+  // A handler that holds its request in progress until the test has read the record's lease.
+  let finish;
+  const held = new Promise((resolve) => { finish = resolve; });
+  const appWith = (options) => express().use(idempotency(limited, { ...mode, ...options }))
+    .post('/held', async (req, res) => res.status(201).json(await held));
+  const byDefault = await listen(appWith({}));
+  const given = await listen(appWith({ lease: '42 seconds' }));
+  // Waits until key is in progress; returns its lease in seconds.
+  const leaseOf = async (key) => {
+    for (;;) {
+      const { rows } = await pool.query(`SELECT extract(epoch FROM lease)::int AS s FROM idempotency.keys
+        WHERE key = $1 AND state = 'in_progress'`, [key]);
+      if (rows.length > 0) return rows[0].s;
+      await sleep(10);
+    }
+  };
+  try {
+    const keys = [unique('k'), unique('k')];
+    const answers = [post('/held', {}, { keys: [keys[0]], url: byDefault.url }),
+      post('/held', {}, { keys: [keys[1]], url: given.url })];
+    assert.equal(await leaseOf(keys[0]), 17);
+    assert.equal(await leaseOf(keys[1]), 42);
+    finish({});
+    for (const res of await Promise.all(answers)) assert.equal(res.status, 201);
+  } finally {
+    finish({});
+    await byDefault.close();
+    await given.close();
+    await limited.end();
+    await pool.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);
+  }
+});
+
 test('the scope is the hash of the credential: callers never share a key, the credential is not stored', async () => {
   const tag = unique('scope');
   const key = unique('k');

@@ -2,7 +2,8 @@
 // The Express middleware when the database's answer is lost
 // (docs/http-contract.md, "When an answer is lost"): the app's pool goes
 // through the fault proxy (examples/faultproxy, path in FAULTPROXY), which
-// lets the server answer and then cuts the connection. Each request must
+// lets the server answer and then cuts the connection (the idempotent
+// function too, at the end). Each request must
 // run its handler's writes exactly once and get the handler's answer, and
 // the process must survive every dropped connection. Each test runs in
 // three set-ups: two transactions with pipelining (pg 8.23 or later: the
@@ -14,7 +15,7 @@ const assert = require('node:assert/strict');
 const path = require('node:path');
 const express = require('express');
 const pg = require('pg');
-const { idempotency } = require('pg-idempotency');
+const { idempotency, idempotent } = require('pg-idempotency');
 const { newPool, unique, listen, send, scopeOf, sleep } = require('./helpers');
 
 const AUTH = 'Bearer faults';
@@ -267,3 +268,58 @@ test('an idle connection dropped does not end the process (no pool listener of i
   assert.equal(pool.totalCount, 0, 'the pool saw its connection go');
   await pool.end();
 });
+
+// The idempotent function shares the middleware's flow: the same lost answers, resolved by its token.
+for (const oneTransaction of [true, false]) {
+  test.describe(`the idempotent function, ${oneTransaction ? 'one transaction' : 'two transactions'}`, () => {
+    let pool;
+    let call;
+    test.before(() => {
+      pool = proxiedPool();
+      call = idempotent(pool, async (run, tag) => {
+        runs.set(tag, (runs.get(tag) ?? 0) + 1);
+        const { rows } = await run.db.query(`INSERT INTO ${TABLE} (tag) VALUES ($1) RETURNING id`, [tag]);
+        return { charge: Number(rows[0].id) };
+      }, { key: (tag) => tag, oneTransaction, log: () => {} });
+    });
+    test.after(() => pool.end());
+    test.beforeEach(() => {
+      breakBefore = null;
+      return proxy.control('POST', '/reset');
+    });
+
+    // Asserts that tag was charged once, by result, and that a duplicate gets result back.
+    async function assertOnce(tag, result) {
+      assert.deepEqual(await chargesOf(tag), [result.charge]);
+      assert.deepEqual(await call(tag), result);
+      assert.deepEqual(await chargesOf(tag), [result.charge]);
+    }
+
+    test("the claim's answer lost: asked again with the same token, the function runs once", async () => {
+      const tag = unique('fn-claim-lost');
+      await proxy.control('POST', '/cut?match=idempotency%5C.claim&scope=transaction');
+      const result = await call(tag);
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+      assert.equal(runs.get(tag), 1);
+      await assertOnce(tag, result);
+    });
+
+    test("the COMMIT's answer lost after it committed: the function's result, not an error", async () => {
+      const tag = unique('fn-commit-lost');
+      await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=statement');
+      const result = await call(tag);
+      assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+      assert.equal(runs.get(tag), 1);
+      await assertOnce(tag, result);
+    });
+
+    test('the COMMIT lost on its way: nothing was kept, so the function runs again', async () => {
+      const tag = unique('fn-rolled-back');
+      breakBefore = /idempotency\.complete/;
+      const result = await call(tag);
+      assert.equal(breakBefore, null, 'the connection was broken');
+      assert.equal(runs.get(tag), 2);
+      await assertOnce(tag, result);
+    });
+  });
+}

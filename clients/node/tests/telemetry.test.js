@@ -1,6 +1,6 @@
 'use strict';
 // OpenTelemetry spans, read back from the SDK's in-memory exporter: the
-// middleware in both modes and the client, against the real database.
+// middleware in both modes, the idempotent function and the client, against the real database.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -10,7 +10,9 @@ const { trace, SpanKind, SpanStatusCode } = require('@opentelemetry/api');
 const {
   BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor,
 } = require('@opentelemetry/sdk-trace-base');
-const { idempotency, IdempotencyClient, ClaimLostError, fingerprint } = require('pg-idempotency');
+const {
+  idempotency, IdempotencyClient, ClaimLostError, fingerprint, idempotent,
+} = require('pg-idempotency');
 const { newPool, unique, listen, send } = require('./helpers');
 
 const pool = newPool();
@@ -187,4 +189,19 @@ test('without a registered SDK the API\'s no-op tracer answers and the key is no
     crypto.createHash = createHash;
     trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(globalSpans)] }));
   }
+});
+
+test('the idempotent function: a claim and a complete span per run, a replay a claim span; no key, no result', async () => {
+  const key = unique('fn-secret-key');
+  const call = idempotent(pool, async (run, amount) => ({ paid: `secret-result-${amount}` }),
+    { key: () => key, tracerProvider: ownProvider });
+  await call(1);
+  await call(1);
+  const spans = spansOf(ownSpans, key);
+  assert.deepEqual(spans.map((s) => [s.name, s.attributes['idempotency.outcome']]), [
+    ['idempotency.claim', 'new'], ['idempotency.complete', 'stored'], ['idempotency.claim', 'replay'],
+  ]);
+  assert.equal(spans[0].attributes['idempotency.attempt'], 1);
+  for (const span of spans) assert.equal(span.kind, SpanKind.INTERNAL);
+  assertNothingOf(spans, [key, 'secret-result']);
 });

@@ -5,7 +5,9 @@ import { Idempotency } from '@node-idempotency/core';
 import { makeIdempotent, IdempotencyConfig } from '@aws-lambda-powertools/idempotency';
 import {
   idempotency, IdempotencyClient, ClaimLostError, fingerprint, parseIdempotencyKey, type Claim,
+  standardWebhook, bodyKey, idempotent, IdempotencyInProgressError, IdempotencyStoredError, type Run,
 } from 'pg-idempotency';
+import { Webhook } from 'standardwebhooks';
 import { PostgresPersistenceLayer } from 'pg-idempotency/powertools';
 import { PostgresStorageAdapter } from 'pg-idempotency/node-idempotency';
 import { BasicTracerProvider } from '@opentelemetry/sdk-trace-base';
@@ -43,7 +45,23 @@ const handler = makeIdempotent(async (event: { id: string }) => event.id, {
 const library = new Idempotency(new PostgresStorageAdapter({ pool, leaseMs: 30_000 }));
 const tracerProvider = new BasicTracerProvider();
 app.use(idempotency(pool, { oneTransaction: true, prepare: true, tracerProvider }));
+app.post('/webhooks', idempotency(pool, { ...standardWebhook(new Webhook('whsec_c2VjcmV0'), { sender: 'acme' }), lease: 10_000 }));
+app.post('/stripe', idempotency(pool, { key: bodyKey('id'), scope: () => 'stripe', verify: (req) => { if (req.rawBody.length === 0) throw new Error('empty'); } }));
+const chargeOnce = idempotent(pool, async (run: Run, order: { id: string; amount: number }) => {
+  await run.checkpoint('started', { at: run.attempt });
+  const { rows } = await run.db.query('INSERT INTO charges (amount) VALUES ($1) RETURNING id', [order.amount]);
+  return { charge: Number(rows[0].id) };
+}, { key: (order) => `order:${order.id}`, scope: 'payments', oneTransaction: false, lease: '2 minutes' });
+async function useChargeOnce(): Promise<number | string> {
+  try {
+    return (await chargeOnce({ id: '42', amount: 10 })).charge;
+  } catch (err) {
+    if (err instanceof IdempotencyInProgressError) return err.retryAfter;
+    if (err instanceof IdempotencyStoredError) return err.error.message;
+    throw err;
+  }
+}
 const traced = new IdempotencyClient(pool, { tracerProvider: trace.getTracerProvider() });
 const tracedStore = new PostgresPersistenceLayer({ pool, tracerProvider });
 
-export { app, direct, handler, library, parseIdempotencyKey, traced, tracedStore };
+export { app, direct, useChargeOnce, handler, library, parseIdempotencyKey, traced, tracedStore };
