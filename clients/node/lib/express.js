@@ -50,12 +50,14 @@ const UNKNOWN = 'The connection to the database was lost while this request was 
   'whether it took effect is not known. Retry with the same Idempotency-Key.';
 
 
-// Returns the scope of a request: the SHA-256 of its credential, '' without one.
+// Returns the scope of a request: the SHA-256 of its credential, '' without
+// one, over the header's bytes as sent (Node reads header bytes as latin1),
+// as every client computes it.
 function credentialScope(req) {
   for (const name of ['authorization', 'x-api-key']) {
     const credential = req.headers[name];
     if (credential !== undefined)
-      return crypto.createHash('sha256').update(`${name}:${credential}`).digest('hex');
+      return crypto.createHash('sha256').update(`${name}:${credential}`, 'latin1').digest('hex');
   }
   return '';
 }

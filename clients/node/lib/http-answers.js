@@ -28,10 +28,11 @@ function httpAnswers(opts) {
       { 'Retry-After': '1' });
   }
 
-  // Picks the response headers that a replay repeats.
+  // Picks the response headers that a replay repeats: storeHeaders, and
+  // Content-Encoding always, as the stored body is encoded by it.
   function headersToStore(res) {
     const stored = {};
-    for (const name of opts.storeHeaders) {
+    for (const name of new Set([...opts.storeHeaders, 'content-encoding'])) {
       const value = res.getHeader(name);
       if (value !== undefined) stored[name] = Array.isArray(value) ? value.map(String) : String(value);
     }

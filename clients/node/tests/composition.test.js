@@ -233,6 +233,25 @@ for (const mode of [{ name: 'two transactions', options: {} }, { name: 'one tran
       });
     });
 
+    test('compression inside: Content-Encoding is stored with the body it describes', () => {
+      const app = express();
+      app.use(guard());
+      app.use(compression({ threshold: 0 }));
+      app.post('/charges', chargeRoute);
+      return withApp(app, async (url) => {
+        const key = unique('k');
+        const tag = unique('gzip-inside');
+        const gzip = [['Accept-Encoding', 'gzip']];
+        const first = await post(url, key, { tag }, { headers: gzip });
+        const again = await post(url, key, { tag }, { headers: gzip });
+        assert.equal(first.headers['content-encoding'], 'gzip');
+        assert.equal(again.headers['idempotent-replayed'], 'true');
+        assert.equal(again.headers['content-encoding'], 'gzip');
+        assert.deepEqual(zlib.gunzipSync(again.body), zlib.gunzipSync(first.body));
+        assert.equal(await charges(tag), 1);
+      });
+    });
+
     test('scope from the authenticated principal: a retry with a refreshed token replays; the default scope runs it again', () => {
       // An authentication middleware: the token names the account (token
       // "acct_42.v1", refreshed to "acct_42.v2").
