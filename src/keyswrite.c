@@ -42,6 +42,7 @@
 #include "storage/lmgr.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 #include "args.h"
 #include "compat.h"
