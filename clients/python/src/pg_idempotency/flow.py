@@ -3,14 +3,15 @@ and ASGI middlewares, the idempotent function): claim it with its token,
 asking again when the answer was lost; run it; end it by committing it with
 its stored result, or by rolling it back and releasing the key (or storing
 what must be kept). Written once, blocking and asyncio, on a Client or an
-AsyncClient; the caller supplies how it takes and gives back a connection.
+AsyncClient (or Django's connection: its errors are described by an Errors);
+the caller supplies how it takes and gives back a connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, Optional, Tuple
+from typing import Awaitable, Callable, NamedTuple, Optional, Tuple
 
 import psycopg
 
@@ -18,9 +19,20 @@ from . import contract
 from .client import Claim, ClaimLost
 
 
+class Errors(NamedTuple):
+    """What a failed call of the client raises (kind), whether its answer
+    was lost, and its SQLSTATE (IK001 when not raised as ClaimLost)."""
+    kind: type
+    lost: Callable[[BaseException], bool]
+    sqlstate: Callable[[BaseException], Optional[str]]
+
+
+PSYCOPG = Errors(psycopg.Error, contract.answer_lost, lambda err: err.sqlstate)
+
+
 def claim_answered(client, pending: contract.Pending, options: contract.Options,
                    take: Callable[[], object], give_back: Callable[[], None],
-                   recheck: Callable[[], None]) -> Tuple[Claim, bool]:
+                   recheck: Callable[[], None], errors: Errors = PSYCOPG) -> Tuple[Claim, bool]:
     """Claims with the token of pending on a fresh connection from take(),
     committed at once (with one transaction: BEGIN and the claim, in one round
     trip, left open for the work); when the answer is lost, gives the
@@ -32,8 +44,8 @@ def claim_answered(client, pending: contract.Pending, options: contract.Options,
                                 lease=options.lease, retention=options.retention, wait=options.wait,
                                 token=pending.token, conn=take(),
                                 commit=not options.one_transaction, begin=True), tries > 0
-        except psycopg.Error as err:
-            if pause is None or not contract.answer_lost(err):
+        except errors.kind as err:
+            if pause is None or not errors.lost(err):
                 raise
             _log_lost_claim(pending, err)
         give_back()
@@ -69,23 +81,29 @@ def _log_lost_claim(pending: contract.Pending, err: BaseException) -> None:
 
 def abandon(client, conn, pending: contract.Pending, options: contract.Options,
             failed: Optional[contract.Answer] = None) -> None:
-    """Rolls the work's writes back and ends the claim: a 5xx response
+    """Rolls the work's writes back and ends the claim (end_claim)."""
+    try:
+        conn.rollback()
+    except psycopg.Error as err:
+        conn = _broken(pending, err)
+    end_claim(client, conn, pending, options, failed)
+
+
+def end_claim(client, conn, pending: contract.Pending, options: contract.Options,
+              failed: Optional[contract.Answer] = None, errors: Errors = PSYCOPG) -> None:
+    """Ends the claim after the work's writes rolled back: a 5xx response
     (failed) goes to complete, which releases the key or, with
     idempotency.store_server_errors on, stores the response; otherwise, or
     when complete fails, the key is released for the next retry. With one
     transaction the claim rolled back with the writes: only a 5xx kept by
     that setting is written."""
-    try:
-        conn.rollback()
-    except psycopg.Error as err:
-        conn = _broken(pending, err)
     if pending.fence is None:
         return
     if options.one_transaction:
         if failed is not None:
             try:
                 client.keep_server_error(conn=conn, **contract.server_error(pending, failed, options))
-            except psycopg.Error as err:
+            except errors.kind as err:
                 _log_unkept(pending, failed, err)
         return
     if failed is not None:
@@ -96,11 +114,13 @@ def abandon(client, conn, pending: contract.Pending, options: contract.Options,
             return
         except ClaimLost:
             return  # a retry owns the key: nothing of ours to free
-        except psycopg.Error as err:  # 54000 (too large to store) among others
+        except errors.kind as err:  # 54000 (too large to store) among others
+            if errors.sqlstate(err) == "IK001":
+                return
             _log_unended(pending, failed, err)
     try:
         client.release(pending.key, pending.fence, scope=pending.scope, conn=conn, commit=True)
-    except psycopg.Error as err:
+    except errors.kind as err:
         _log_unreleased(pending, err)
 
 
