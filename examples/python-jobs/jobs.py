@@ -14,10 +14,15 @@ that result back and charges nothing.
                                        "die_after_commit": true (the worker dies
                                        after the work committed, before the acknowledgment)
     ./run worker                       runs a worker (stops on SIGINT/SIGTERM)
+    ./run storm [ORDERS DELIVERIES WORKERS]
+                                       a redelivery storm (default: 100 orders, each
+                                       delivered 20 times, over 8 worker processes),
+                                       wrapped then bare: jobs/s and charges of each
 
 Environment: DATABASE_URL; JOBS_STALLED_AFTER, seconds without a heartbeat
 after which a worker's jobs are delivered again (default 30);
-JOBS_CONCURRENCY (default 4). Each job run prints one JSON line:
+JOBS_CONCURRENCY (default 4); JOBS_QUEUE (default payments); JOBS_WAIT=off
+stops a worker when its queue is empty. Each job run prints one JSON line:
 {"job": id, "order": ..., "result": ..., "replayed": true|false}.
 """
 
@@ -25,6 +30,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import procrastinate
@@ -71,6 +77,14 @@ async def charge_job(context, order, amount, stall=False, die_after_commit=False
     return outcome.result
 
 
+@app.task(name="charge_bare", queue="payments")
+async def charge_bare(order, amount):
+    """The same charge without the record (the storm's baseline): every delivery charges."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id", (amount,))
+        return {"charge": (await cur.fetchone())[0]}
+
+
 async def deliver_stalled_jobs_again():
     """Delivers again the jobs of workers whose heartbeat stopped (they died)."""
     while True:
@@ -89,7 +103,8 @@ async def work():
         watch = asyncio.ensure_future(deliver_stalled_jobs_again())
         try:
             await app.run_worker_async(
-                queues=["payments"], concurrency=int(os.environ.get("JOBS_CONCURRENCY", "4")),
+                queues=[os.environ.get("JOBS_QUEUE", "payments")], wait=os.environ.get("JOBS_WAIT") != "off",
+                concurrency=int(os.environ.get("JOBS_CONCURRENCY", "4")),
                 update_heartbeat_interval=STALLED_AFTER / 4, stalled_worker_timeout=STALLED_AFTER)
         finally:
             watch.cancel()
@@ -117,6 +132,43 @@ async def defer(order, amount, options):
     print(job_id)
 
 
+async def defer_storm(task, queue, orders, deliveries, amount):
+    """Defers each of orders charges deliveries times, in rounds (duplicates race)."""
+    async with app.open_async():
+        await task.configure(queue=queue).batch_defer_async(
+            *[{"order": f"{queue}-{i}", "amount": amount} for _ in range(deliveries) for i in range(orders)])
+
+
+async def storm_figures(queue, amount):
+    """Jobs per second (first start to last success) and the charges made, of queue's jobs."""
+    async with await psycopg.AsyncConnection.connect(DATABASE_URL) as conn:
+        cur = await conn.execute(
+            """SELECT count(*) FILTER (WHERE e.type = 'succeeded'),
+                      extract(epoch FROM max(e.at) FILTER (WHERE e.type = 'succeeded')
+                                         - min(e.at) FILTER (WHERE e.type = 'started')),
+                      (SELECT count(*) FROM charges WHERE amount = %s)
+                 FROM procrastinate_events e JOIN procrastinate_jobs j ON j.id = e.job_id
+                WHERE j.queue_name = %s""", (amount, queue))
+        return await cur.fetchone()
+
+
+def storm(orders=100, deliveries=20, workers=8):
+    """The redelivery storm, wrapped then bare, each over workers processes."""
+    for name, task, amount in (("wrapped", charge_job, 1001), ("bare", charge_bare, 1002)):
+        queue = "storm-" + name
+        asyncio.run(defer_storm(task, queue, orders, deliveries, amount))
+        env = {**os.environ, "JOBS_QUEUE": queue, "JOBS_WAIT": "off", "JOBS_CONCURRENCY": "1"}
+        processes = [subprocess.Popen([sys.executable, "-c", "import sys, jobs; jobs.main(['', 'worker'])"],
+                                      env=env, stdout=subprocess.DEVNULL,
+                                      cwd=os.path.dirname(os.path.abspath(__file__)))
+                     for _ in range(workers)]
+        for process in processes:
+            process.wait()
+        done, seconds, charges = asyncio.run(storm_figures(queue, amount))
+        print(f"{name}: {done} jobs ({orders} orders x {deliveries}) over {workers} workers in "
+              f"{float(seconds):.2f} s: {done / float(seconds):.0f} jobs/s; {charges} charges")
+
+
 def main(argv):
     """Runs the command argv names."""
     command = argv[1] if len(argv) > 1 else "worker"
@@ -124,11 +176,13 @@ def main(argv):
         asyncio.run(work())
     elif command == "schema":
         asyncio.run(create_schema())
+    elif command == "storm":
+        storm(*(int(arg) for arg in argv[2:5]))
     elif command == "defer":
         options = json.loads(argv[4]) if len(argv) > 4 else {}
         asyncio.run(defer(argv[2], json.loads(argv[3]), options))
     else:
-        sys.exit("usage: ./run worker | schema | defer ORDER AMOUNT [OPTIONS]")
+        sys.exit("usage: ./run worker | schema | defer ORDER AMOUNT [OPTIONS] | storm [ORDERS DELIVERIES WORKERS]")
 
 
 if __name__ == "__main__":
