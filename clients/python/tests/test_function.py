@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import subprocess
+import tempfile
 import sys
 import textwrap
 import threading
@@ -374,3 +375,26 @@ def test_an_async_function_checkpoints_and_extends(apool, admin):
         gate["open"].set()
         return await running
     assert loop.run_until_complete(scenario()) == {"n": 1}
+
+
+def round_trips(pool, call):
+    """The round trips of call() on the pool's one connection: the
+    ReadyForQuery messages of its libpq trace (bench/overhead.py's count)."""
+    with tempfile.TemporaryFile("w+") as trace:
+        with pool.connection() as conn:
+            conn.pgconn.trace(trace.fileno())
+        call()
+        with pool.connection() as conn:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        return sum("\tReadyForQuery\t" in line for line in trace)
+
+
+def test_no_round_trip_over_the_middlewares(one_transaction):
+    # The middlewares' counts (README, "Round trips in 0.3.0"): a fresh key
+    # 2 + the handler's, a replay 2 (the claim's pipeline, then ROLLBACK).
+    with ConnectionPool(DATABASE_URL, min_size=1, max_size=1) as pool:
+        charge = make_charge(pool, [], one_transaction=one_transaction)
+        charge("o-0", 1)    # the connection's first statements, untraced
+        assert round_trips(pool, lambda: charge("o-14", 10)) == 2 + 1
+        assert round_trips(pool, lambda: charge("o-14", 10)) == 2
