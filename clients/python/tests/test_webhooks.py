@@ -11,11 +11,13 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from flask import Flask, Response, request
 from psycopg_pool import AsyncConnectionPool
 from standardwebhooks.webhooks import Webhook
 
 from conftest import DATABASE_URL
 from helpers import value, wait_for
+from pg_idempotency.flask import Idempotency, exempt
 from pg_idempotency.webhooks import BodyKey, StandardWebhooks, WebhookReceiver
 
 SECRET = "whsec_" + base64.b64encode(b"a secret of the test sender").decode()
@@ -173,3 +175,23 @@ def test_an_async_handler(admin):
             assert (await receiver.areceive(*delivery("msg_6", payload))).status == 200
     asyncio.run(scenario())
     assert runs == ["msg_6"] and value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def test_a_flask_view_exempt_from_the_extension_receives_webhooks(pool, admin):
+    app = Flask("receiver")
+    Idempotency(app, pool=pool)
+    receiver = receiver_of(pool, [])
+
+    @app.post("/webhooks")
+    @exempt
+    def webhooks():
+        answer = receiver.receive(request.headers.items(), request.get_data())
+        return Response(answer.body, answer.status, answer.headers)
+
+    headers, body = delivery("msg_7", {"data": {"amount": 5}})
+    client = app.test_client()
+    first = client.post("/webhooks", headers=headers, data=body)
+    again = client.post("/webhooks", headers=headers, data=body)
+    assert (first.status_code, again.status_code) == (200, 200) and first.data == again.data
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert value(admin, "SELECT count(*) FROM charges") == 1

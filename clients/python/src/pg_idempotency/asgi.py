@@ -34,7 +34,7 @@ class IdempotencyMiddleware:
 
     async def __call__(self, scope, receive, send):
         """Serves one ASGI connection: covered HTTP requests are guarded."""
-        if scope["type"] != "http" or scope["method"] not in self.options.methods:
+        if scope["type"] != "http" or not contract.covers(self.options, scope["method"], scope):
             await self.app(scope, receive, send)
             return
         headers = [(name.decode("latin-1").lower(), value) for name, value in scope["headers"]]

@@ -87,6 +87,7 @@ class Options:
     retention: Interval = None
     store_headers: Iterable[str] = ("Content-Type", "Location")
     scope: Optional[Callable[[Any], str]] = None
+    exempt: Optional[Callable[[Any], bool]] = None
     tracer_provider: Any = None
     one_transaction: bool = False
     wait: Interval = None
@@ -166,6 +167,12 @@ def _parse_bare(text: str) -> str:
 def key_values(headers: Headers) -> List[str]:
     """Returns the values of the Idempotency-Key fields, as sent."""
     return [value.decode("latin-1") for name, value in headers if name == "idempotency-key"]
+
+
+def covers(options: Options, method: str, request: Any) -> bool:
+    """True when the middleware guards the request: a method of options.methods,
+    and not one the exempt option (a function of the framework's request) exempts."""
+    return method in options.methods and not (options.exempt and options.exempt(request))
 
 
 def read_key(headers: Headers, options: Options) -> Tuple[Optional[str], Optional[Answer]]:

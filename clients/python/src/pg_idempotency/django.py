@@ -66,8 +66,8 @@ class _Step(NamedTuple):
 class IdempotencyMiddleware:
     """Guards the project's POST and PATCH requests with Idempotency-Key.
     Settings: IDEMPOTENCY, a dict of contract.Options and "using" (the
-    database alias, default "default"); "scope" and "tracer_provider" may
-    be dotted paths."""
+    database alias, default "default"); "scope", "exempt" and
+    "tracer_provider" may be dotted paths."""
 
     sync_capable = True
     async_capable = True
@@ -80,7 +80,7 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
         options = dict(getattr(settings, "IDEMPOTENCY", {}))
         self.using = options.pop("using", "default")
-        for name in ("scope", "tracer_provider"):
+        for name in ("scope", "exempt", "tracer_provider"):
             if isinstance(options.get(name), str):
                 options[name] = import_string(options[name])
         self.options = contract.Options(**options)
@@ -90,7 +90,7 @@ class IdempotencyMiddleware:
         """Serves one request: covered methods are guarded."""
         if self.async_mode:
             return self.__acall__(request)
-        if request.method not in self.options.methods:
+        if not contract.covers(self.options, request.method, request):
             return self.get_response(request)
         answer, pending = self._begin(request)
         if answer is not None:
@@ -110,7 +110,7 @@ class IdempotencyMiddleware:
 
     async def __acall__(self, request):
         """Serves one request under ASGI: as __call__, the view awaited."""
-        if request.method not in self.options.methods:
+        if not contract.covers(self.options, request.method, request):
             return await self.get_response(request)
         begin = asyncio.ensure_future(sync_to_async(self._begin)(request))
         try:

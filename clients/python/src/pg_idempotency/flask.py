@@ -43,7 +43,7 @@ class Idempotency:
 
     def _before(self):
         """Claims the key: answers here, or lets the view run on g.db."""
-        if request.method not in self.options.methods or \
+        if not contract.covers(self.options, request.method, request) or \
                 getattr(current_app.view_functions.get(request.endpoint), "idempotency_exempt", False):
             return None
         headers = _headers()
