@@ -23,10 +23,12 @@ check_tools() {
 	return 1
 }
 
-# Prints the example apps: the directories of examples/ with an executable run.
+# Prints the example apps: the directories of examples/ with an executable
+# run, but the job examples (*-jobs: workers, not HTTP apps).
 example_apps() {
 	local d
 	for d in "$EXAMPLES"/*/; do
+		[[ $d == *-jobs/ ]] && continue
 		[ -x "$d/run" ] && basename "$d"
 	done
 	return 0

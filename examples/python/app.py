@@ -1,7 +1,9 @@
-"""The retried-payment API: POST /payments charges once per Idempotency-Key.
+"""The retried-payment API: POST /payments charges once per Idempotency-Key;
+POST /webhooks charges once per Standard Webhooks event.
 
 Environment: DATABASE_URL (a database with CREATE EXTENSION idempotency
-done), PORT (default 5000), HOST (default 127.0.0.1); for the tests,
+done), PORT (default 5000), HOST (default 127.0.0.1), WEBHOOK_SECRET (the
+webhook endpoint's secret, whsec_...; without it POST /webhooks answers 503); for the tests,
 IDEMPOTENCY_LEASE (unset: the database's idempotency.lease), IDEMPOTENCY_FAIL_OPEN=on and
 IDEMPOTENCY_ONE_TRANSACTION=on (the one-transaction mode).
 """
@@ -9,11 +11,12 @@ IDEMPOTENCY_ONE_TRANSACTION=on (the one-transaction mode).
 import os
 import time
 
-from flask import Flask, g, request
+from flask import Flask, Response, g, request
 from psycopg.rows import namedtuple_row
 from psycopg_pool import ConnectionPool
 
-from pg_idempotency.flask import Idempotency
+from pg_idempotency.flask import Idempotency, exempt
+from pg_idempotency.webhooks import StandardWebhooks, WebhookReceiver
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 
@@ -55,22 +58,67 @@ def health():
     return {"status": "ok"}
 
 
+def invalid_amount(data):
+    """Why data's amount cannot be charged, or None."""
+    amount = data.get("amount")
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+        return "amount must be a positive number"
+    return None
+
+
+def charge(conn, data):
+    """Charges data's amount on conn, after data's delay_ms; returns the charge's id."""
+    delay_ms = data.get("delay_ms", 0)
+    if isinstance(delay_ms, (int, float)) and delay_ms > 0:
+        time.sleep(delay_ms / 1000)
+    return conn.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id",
+                        (data["amount"],)).fetchone().id
+
+
 @app.post("/payments")
 def create_payment():
     """Charges the amount. Test knobs: delay_ms sleeps first, fail answers 500
     after the charge was written (the middleware rolls it back)."""
     data = request.get_json(silent=True) or {}
-    amount = data.get("amount")
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
-        return {"error": "amount must be a positive number"}, 400
-    delay_ms = data.get("delay_ms", 0)
-    if isinstance(delay_ms, (int, float)) and delay_ms > 0:
-        time.sleep(delay_ms / 1000)
-    charge = g.db.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id",
-                          (amount,)).fetchone().id
+    if invalid_amount(data):
+        return {"error": invalid_amount(data)}, 400
+    charge_id = charge(g.db, data)
     if data.get("fail"):
-        return {"error": f"charge {charge} was declined"}, 500
-    return {"charge": charge}, 201
+        return {"error": f"charge {charge_id} was declined"}, 500
+    return {"charge": charge_id}, 201
+
+
+class InvalidEvent(Exception):
+    """An event that can never be charged: stored, every redelivery gets its 400."""
+
+
+def charge_event(run, event):
+    """Charges the event's data.amount (data.delay_ms sleeps first) in the
+    transaction that stores the answer: once per webhook-id."""
+    data = event.payload.get("data") if isinstance(event.payload, dict) else None
+    if not isinstance(data, dict) or invalid_amount(data):
+        raise InvalidEvent("data.amount must be a positive number")
+    return {"charge": charge(run.conn, data)}
+
+
+# The sender's deliveries, verified before any claim; the scope is the
+# sender. IDEMPOTENCY_ONE_TRANSACTION=on: the claim commits with the charge.
+webhooks = WebhookReceiver(
+    pool, StandardWebhooks(os.environ["WEBHOOK_SECRET"], sender="payments-provider"), charge_event,
+    final=InvalidEvent, one_transaction=os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on",
+) if os.environ.get("WEBHOOK_SECRET") else None
+
+
+@app.post("/webhooks")
+@exempt     # its key is the event's webhook-id, not an Idempotency-Key
+def receive_webhook():
+    """Charges a Standard Webhooks event once: 200 {"charge": N} (a
+    redelivery gets the same), 400 unverified, 409 while it runs, 422 when
+    its webhook-id came with another payload."""
+    if webhooks is None:
+        return {"error": "WEBHOOK_SECRET is not set"}, 503
+    answer = webhooks.receive(request.headers.items(), request.get_data())
+    return Response(answer.body, answer.status, answer.headers)
 
 
 def main():

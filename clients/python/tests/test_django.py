@@ -351,6 +351,17 @@ def test_an_optional_key_runs_unguarded_in_a_transaction(admin):
     assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
 
 
+def exempt_payments(request):
+    """The exempt setting's function: /payments is not guarded."""
+    return request.path == "/payments"
+
+
+def test_an_exempt_request_passes_through_without_a_key(admin):
+    with override_settings(IDEMPOTENCY={"exempt": f"{__name__}.exempt_payments"}):
+        assert pay(DjangoClient(), None).status_code == 201
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+
+
 def test_a_body_over_djangos_limit_is_413(client, admin):
     with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=10):
         assert_problem(pay(client, "big-2", {"amount": 1, "pad": "x" * 20}), 413, "request_body_too_large")

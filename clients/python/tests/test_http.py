@@ -122,6 +122,14 @@ def test_the_fingerprint_is_the_databases_of_the_raw_request(serve, admin):
         assert stored == value(admin, "SELECT idempotency.fingerprint(%s, %s, %s, %s)", *args)
 
 
+def test_an_exempt_request_passes_through_without_a_key(serve, admin):
+    client = serve(exempt=lambda request: (request["path"] if isinstance(request, dict)
+                                           else request.path) == "/headers")
+    assert client.post("/headers").status_code == 200      # no Idempotency-Key, not a 400
+    assert_problem(pay(client, None), 400, "idempotency_key_missing")
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+
+
 def test_other_methods_pass_through_without_a_connection(serve, admin):
     client = serve()
     assert client.get("/db").json() == {"db": False}

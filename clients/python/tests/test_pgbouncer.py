@@ -12,7 +12,7 @@ from psycopg_pool import ConnectionPool
 
 from helpers import pay, pgbouncer, value, wait_for
 from test_http import charges_locked, handlers_blocked, in_background
-from pg_idempotency import Client, fingerprint
+from pg_idempotency import Client, fingerprint, idempotent_function
 
 @pytest.fixture(scope="module")
 def bouncer():
@@ -70,3 +70,27 @@ def test_one_transaction_a_duplicate_waits_and_replays_through_pgbouncer(serve, 
     assert first().status_code == 201
     assert duplicate().headers["idempotent-replayed"] == "true"
     assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+@pytest.mark.parametrize("one_transaction", [True, False])
+def test_the_idempotent_function_works_through_pgbouncer_in_transaction_mode(bouncer, admin, one_transaction):
+    runs = []
+    with ConnectionPool(bouncer, min_size=1, max_size=2, kwargs={"prepare_threshold": None}) as pool:
+        @idempotent_function(pool, key="order", one_transaction=one_transaction, final=ValueError)
+        def charge(run, order, amount):
+            runs.append(order)
+            run.conn.execute("INSERT INTO charges (amount) VALUES (%s)", (amount,))
+            if not one_transaction:
+                run.checkpoint("charged")
+            if amount < 0:
+                raise ValueError("a negative amount")
+            return {"order": order}
+
+        # More calls than psycopg's prepare_threshold, each run and replayed.
+        for n in range(8):
+            assert charge(f"pb-fn-{n}", 10) == {"order": f"pb-fn-{n}"}
+            assert charge(f"pb-fn-{n}", 10) == {"order": f"pb-fn-{n}"}
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                charge("pb-fn-negative", -1)
+    assert len(runs) == 9 and value(admin, "SELECT count(*) FROM charges") == 8 + (0 if one_transaction else 1)

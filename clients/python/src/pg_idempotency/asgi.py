@@ -12,14 +12,13 @@ together.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import List, Optional, Tuple
 from urllib.parse import quote
 
 import psycopg
 
-from . import contract
+from . import contract, flow
 from .client import AsyncClient, Claim, ClaimLost, _idle
 
 
@@ -35,7 +34,7 @@ class IdempotencyMiddleware:
 
     async def __call__(self, scope, receive, send):
         """Serves one ASGI connection: covered HTTP requests are guarded."""
-        if scope["type"] != "http" or scope["method"] not in self.options.methods:
+        if scope["type"] != "http" or not contract.covers(self.options, scope["method"], scope):
             await self.app(scope, receive, send)
             return
         headers = [(name.decode("latin-1").lower(), value) for name, value in scope["headers"]]
@@ -46,7 +45,7 @@ class IdempotencyMiddleware:
         body = await _read_body(receive)
         if body is None:
             return  # the client went away before sending its body
-        held = _Held(self.pool)
+        held = flow.AsyncHeld(self.pool)
         try:
             answer = await self._serve(held, key, headers, scope, body, receive)
             if answer is not None:
@@ -58,7 +57,7 @@ class IdempotencyMiddleware:
         # fail_open without a connection
         await self.app(_with_db(scope, None), _replayed(body, receive), send)
 
-    async def _serve(self, held: "_Held", key: Optional[str], headers: contract.Headers,
+    async def _serve(self, held: flow.AsyncHeld, key: Optional[str], headers: contract.Headers,
                      scope, body: bytes, receive) -> Optional[contract.Answer]:
         """Claims the key and runs the app when it is new; returns the answer to send."""
         pending = contract.Pending()
@@ -89,7 +88,7 @@ class IdempotencyMiddleware:
                 return None
         return await self._run(held, pending, scope, body, receive)
 
-    async def _run(self, held: "_Held", pending: contract.Pending, scope, body: bytes,
+    async def _run(self, held: flow.AsyncHeld, pending: contract.Pending, scope, body: bytes,
                    receive) -> contract.Answer:
         """Runs the app on held.conn and ends its transaction; when the
         COMMIT's answer is lost, claims again with the token: replay means it
@@ -131,28 +130,10 @@ class IdempotencyMiddleware:
         await self._abandon(held.conn, pending)
         return contract.outcome_unknown(lost)
 
-    async def _claim(self, held: "_Held", pending: contract.Pending) -> Tuple[Claim, bool]:
-        """Claims with the request's token on a fresh connection, committed at
-        once (with one transaction: BEGIN and the claim, in one round trip,
-        left open for the app); when the answer is lost, asks again on
-        another (contract.CLAIM_BACKOFF). Returns the claim and whether it
-        was asked again."""
-        for tries, pause in enumerate((*contract.CLAIM_BACKOFF, None)):
-            try:
-                return await self.client.claim(
-                    pending.key, pending.fingerprint, scope=pending.scope, lease=self.options.lease,
-                    retention=self.options.retention, wait=self.options.wait, token=pending.token,
-                    conn=await held.take(), commit=not self.options.one_transaction,
-                    begin=True), tries > 0
-            except psycopg.Error as err:
-                if pause is None or not contract.answer_lost(err):
-                    raise
-                contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s",
-                                     pending.key, err)
-            await held.give_back()
-            await self.pool.check()   # drops the pool's other broken connections
-            await asyncio.sleep(pause)
-        raise AssertionError("unreachable")
+    async def _claim(self, held: flow.AsyncHeld, pending: contract.Pending) -> Tuple[Claim, bool]:
+        """Claims with the request's token on a fresh connection (flow.aclaim_answered)."""
+        return await flow.aclaim_answered(self.client, pending, self.options, held.take, held.give_back,
+                                          self.pool.check)
 
     async def _commit(self, conn, pending: contract.Pending, answer: contract.Answer) -> None:
         """Stores the answer with complete() and commits the app's transaction."""
@@ -166,74 +147,8 @@ class IdempotencyMiddleware:
 
     async def _abandon(self, conn, pending: contract.Pending,
                        failed: Optional[contract.Answer] = None) -> None:
-        """Rolls the app's writes back and ends the claim: a 5xx response
-        (failed) goes to complete, which releases the key or, with
-        idempotency.store_server_errors on, stores the response; otherwise,
-        or when complete fails, the key is released for the next retry.
-        With one transaction the claim rolled back with the writes: only a
-        5xx kept by that setting is written."""
-        try:
-            await conn.rollback()
-        except psycopg.Error as err:
-            # A broken connection: its transaction is gone; the claim is
-            # ended on a fresh connection of the pool.
-            contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
-            conn = None
-        if pending.fence is None:
-            return
-        if self.options.one_transaction:
-            if failed is not None:
-                try:
-                    kept = contract.server_error(pending, failed, self.options)
-                    await self.client.keep_server_error(conn=conn, **kept)
-                except psycopg.Error as err:
-                    contract.log.error("idempotency: could not keep the %d of %r: %s",
-                                       failed.status, pending.key, err)
-            return
-        if failed is not None:
-            try:
-                await self.client.complete(
-                    pending.key, pending.fence, failed.status, failed.body,
-                    contract.headers_to_store(failed.headers, self.options),
-                    scope=pending.scope, conn=conn, commit=True)
-                return
-            except ClaimLost:
-                return  # a retry owns the key: nothing of ours to free
-            except psycopg.Error as err:  # 54000 (too large to store) among others
-                contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
-                                   pending.key, failed.status, err)
-        try:
-            await self.client.release(pending.key, pending.fence, scope=pending.scope,
-                                      conn=conn, commit=True)
-        except psycopg.Error as err:
-            contract.log.error("idempotency: could not release %r: %s", pending.key, err)
-
-
-class _Held:
-    """The request's connection, taken from the pool afresh when one broke."""
-
-    def __init__(self, pool):
-        """Holds nothing yet."""
-        self.pool = pool
-        self.conn = None
-        self.autocommit = False
-
-    async def take(self):
-        """Gives back the connection held, and takes a fresh one in autocommit:
-        the middleware sends BEGIN itself, with the claim (psycopg's own
-        BEGIN would cost a round trip of its own)."""
-        await self.give_back()
-        self.conn = await self.pool.getconn()
-        self.autocommit = self.conn.autocommit
-        await self.conn.set_autocommit(True)
-        return self.conn
-
-    async def give_back(self) -> None:
-        """Returns the connection to the pool idle, in its own autocommit mode."""
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            await _reset(conn, self.autocommit)
-            await self.pool.putconn(conn)
+        """Rolls the app's writes back and ends the claim (flow.aabandon)."""
+        await flow.aabandon(self.client, conn, pending, self.options, failed)
 
 
 class _Captured:
@@ -298,15 +213,6 @@ def _fingerprint(scope, body: bytes) -> bytes:
         raw = quote(scope["path"], safe=contract.PATH_CHARS).encode()
     path, _ = contract.split_target(raw)
     return contract.request_fingerprint(scope["method"], path, scope.get("query_string"), body)
-
-
-async def _reset(conn, autocommit: bool) -> None:
-    """Leaves the connection idle in its own autocommit mode for the pool."""
-    try:
-        await conn.rollback()
-        await conn.set_autocommit(autocommit)
-    except psycopg.Error:
-        pass  # a broken connection: the pool discards it
 
 
 async def _send(send, answer: contract.Answer) -> None:

@@ -181,10 +181,11 @@ class Client:
         return self._call(conn, commit, EXTEND, (key, fence, lease, scope))
 
     def checkpoint(self, key: str, fence: int, recovery_point: str, recovery_state: Any = None,
-                   *, scope: Optional[str] = None, conn=None, commit: bool = False) -> None:
+                   *, scope: Optional[str] = None, conn=None, commit: bool = False,
+                   begin: bool = False) -> None:
         """Saves progress for a takeover to resume from; ClaimLost when the fence lost."""
         self._call(conn, commit, CHECKPOINT,
-                   (key, fence, recovery_point, _json(recovery_state), scope))
+                   (key, fence, recovery_point, _json(recovery_state), scope), _first_column, begin)
 
     def lookup(self, key: str, *, scope: Optional[str] = None, conn=None) -> Optional[Record]:
         """Returns the record as claim would see it, or None (read only)."""
@@ -211,7 +212,9 @@ class Client:
         commits first in a transaction of its own (BEGIN, sql, COMMIT, BEGIN:
         without the first BEGIN, statements sent together before a Sync
         would share one implicit transaction that the last BEGIN takes
-        over, and sql would not commit). Never as a
+        over, and sql would not commit); with begin and commit in a
+        transaction (autocommit on), commits it with sql and opens the next in
+        the same round trip (a checkpoint between two phases). Never as a
         prepared statement: behind pgbouncer in transaction mode the next
         transaction may run on a server connection without it."""
         cur = conn.cursor(row_factory=row_factory)
@@ -222,6 +225,12 @@ class Client:
                 if commit:
                     conn.execute("COMMIT", prepare=False)
                     conn.execute("BEGIN", prepare=False)
+            return cur.fetchone()
+        if begin and commit and conn.autocommit:
+            with _pipeline(conn):
+                cur.execute(sql, params, prepare=False)
+                conn.execute("COMMIT", prepare=False)
+                conn.execute("BEGIN", prepare=False)
             return cur.fetchone()
         if not commit or (conn.autocommit and _idle(conn)):
             return cur.execute(sql, params, prepare=False).fetchone()
@@ -295,10 +304,11 @@ class AsyncClient:
         return await self._call(conn, commit, EXTEND, (key, fence, lease, scope))
 
     async def checkpoint(self, key: str, fence: int, recovery_point: str, recovery_state: Any = None,
-                         *, scope: Optional[str] = None, conn=None, commit: bool = False) -> None:
+                         *, scope: Optional[str] = None, conn=None, commit: bool = False,
+                         begin: bool = False) -> None:
         """As Client.checkpoint."""
         await self._call(conn, commit, CHECKPOINT,
-                         (key, fence, recovery_point, _json(recovery_state), scope))
+                         (key, fence, recovery_point, _json(recovery_state), scope), _first_column, begin)
 
     async def lookup(self, key: str, *, scope: Optional[str] = None, conn=None) -> Optional[Record]:
         """As Client.lookup."""
@@ -328,6 +338,12 @@ class AsyncClient:
                 if commit:
                     await conn.execute("COMMIT", prepare=False)
                     await conn.execute("BEGIN", prepare=False)
+            return await cur.fetchone()
+        if begin and commit and conn.autocommit:
+            async with _async_pipeline(conn):
+                await cur.execute(sql, params, prepare=False)
+                await conn.execute("COMMIT", prepare=False)
+                await conn.execute("BEGIN", prepare=False)
             return await cur.fetchone()
         if not commit or (conn.autocommit and _idle(conn)):
             return await (await cur.execute(sql, params, prepare=False)).fetchone()

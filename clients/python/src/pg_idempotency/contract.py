@@ -34,7 +34,7 @@ BARE_KEY_CHARS = frozenset("!#$%&'*+-.^_`|~:/" + string.ascii_letters + string.d
 # What a path may hold unescaped (RFC 3986 pchar and "/"), to rebuild a raw path.
 PATH_CHARS = "/:@!$&'()*+,;=-._~"
 TITLES = {400: "Bad Request", 409: "Conflict", 413: "Content Too Large", 422: "Unprocessable Content",
-          503: "Service Unavailable"}
+          500: "Internal Server Error", 503: "Service Unavailable"}
 PROBLEMS = {
     "idempotency_key_missing": (400, "This request needs an Idempotency-Key header."),
     "idempotency_key_invalid": (400, "The Idempotency-Key header is not a valid key."),
@@ -43,6 +43,9 @@ PROBLEMS = {
     "idempotency_claim_lost": (409, "This request outlived its lease and a retry took it over; retry it."),
     "request_body_too_large": (413, "The request body is larger than this server reads."),
     "idempotency_unavailable": (503, "The idempotency store cannot be reached; retry later."),
+    "webhook_unverified": (400, "The webhook did not verify."),
+    "webhook_rejected": (400, "The webhook's event cannot be processed."),
+    "webhook_handler_failed": (500, "The webhook's handler failed; deliver it again."),
 }
 
 
@@ -84,6 +87,7 @@ class Options:
     retention: Interval = None
     store_headers: Iterable[str] = ("Content-Type", "Location")
     scope: Optional[Callable[[Any], str]] = None
+    exempt: Optional[Callable[[Any], bool]] = None
     tracer_provider: Any = None
     one_transaction: bool = False
     wait: Interval = None
@@ -163,6 +167,12 @@ def _parse_bare(text: str) -> str:
 def key_values(headers: Headers) -> List[str]:
     """Returns the values of the Idempotency-Key fields, as sent."""
     return [value.decode("latin-1") for name, value in headers if name == "idempotency-key"]
+
+
+def covers(options: Options, method: str, request: Any) -> bool:
+    """True when the middleware guards the request: a method of options.methods,
+    and not one the exempt option (a function of the framework's request) exempts."""
+    return method in options.methods and not (options.exempt and options.exempt(request))
 
 
 def read_key(headers: Headers, options: Options) -> Tuple[Optional[str], Optional[Answer]]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from typing import NamedTuple, Optional
 
@@ -34,8 +33,8 @@ from django.db import DatabaseError, connections, transaction
 from django.http import HttpResponse
 from django.utils.module_loading import import_string
 
-from . import contract
-from .client import CLAIM, COMPLETE, KEEP_SERVER_ERROR, RELEASE, Claim, _json
+from . import contract, flow
+from .client import CLAIM, COMPLETE, KEEP_SERVER_ERROR, RELEASE, Claim, _json, _kept
 from .telemetry import Telemetry, outcome, release_outcome
 
 IK001 = "IK001"
@@ -67,8 +66,8 @@ class _Step(NamedTuple):
 class IdempotencyMiddleware:
     """Guards the project's POST and PATCH requests with Idempotency-Key.
     Settings: IDEMPOTENCY, a dict of contract.Options and "using" (the
-    database alias, default "default"); "scope" and "tracer_provider" may
-    be dotted paths."""
+    database alias, default "default"); "scope", "exempt" and
+    "tracer_provider" may be dotted paths."""
 
     sync_capable = True
     async_capable = True
@@ -81,17 +80,17 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
         options = dict(getattr(settings, "IDEMPOTENCY", {}))
         self.using = options.pop("using", "default")
-        for name in ("scope", "tracer_provider"):
+        for name in ("scope", "exempt", "tracer_provider"):
             if isinstance(options.get(name), str):
                 options[name] = import_string(options[name])
         self.options = contract.Options(**options)
-        self.telemetry = Telemetry(self.options.tracer_provider)
+        self.calls = _Calls(self.using, Telemetry(self.options.tracer_provider))
 
     def __call__(self, request):
         """Serves one request: covered methods are guarded."""
         if self.async_mode:
             return self.__acall__(request)
-        if request.method not in self.options.methods:
+        if not contract.covers(self.options, request.method, request):
             return self.get_response(request)
         answer, pending = self._begin(request)
         if answer is not None:
@@ -111,7 +110,7 @@ class IdempotencyMiddleware:
 
     async def __acall__(self, request):
         """Serves one request under ASGI: as __call__, the view awaited."""
-        if request.method not in self.options.methods:
+        if not contract.covers(self.options, request.method, request):
             return await self.get_response(request)
         begin = asyncio.ensure_future(sync_to_async(self._begin)(request))
         try:
@@ -320,86 +319,74 @@ class IdempotencyMiddleware:
         return _response(contract.outcome_unknown(step.lost))
 
     def _abandon(self, pending: contract.Pending, failed: Optional[contract.Answer] = None) -> None:
-        """Ends the claim after its writes rolled back: a 5xx response
-        (failed) goes to complete, which releases the key or, with
-        idempotency.store_server_errors on, stores the response; otherwise,
-        or when complete fails, the key is released for the next retry."""
-        if pending.fence is None:
-            return
-        if self.options.one_transaction:
-            if failed is not None:
-                try:
-                    self._keep_server_error(pending, failed)
-                except DatabaseError as err:
-                    contract.log.error("idempotency: could not keep the %d of %r: %s",
-                                       failed.status, pending.key, err)
-            return
-        if failed is not None:
-            try:
-                self._complete(pending, failed.status, failed.body, failed.headers)
-                return
-            except DatabaseError as err:
-                if _sqlstate(err) == IK001:
-                    return  # a retry owns the key: nothing of ours to free
-                contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
-                                   pending.key, failed.status, err)
-        try:
-            with self.telemetry.span("release", pending.key) as span:
-                outcome(span, release_outcome(self._call(RELEASE, pending.key, pending.fence, pending.scope)))
-        except DatabaseError as err:
-            contract.log.error("idempotency: could not release %r: %s", pending.key, err)
+        """Ends the claim after its writes rolled back (flow.end_claim)."""
+        flow.end_claim(self.calls, None, pending, self.options, failed, DJANGO_ERRORS)
 
     def _claim(self, pending: contract.Pending) -> Claim:
         """Claims with the request's token in autocommit (it commits at once);
         when the answer is lost, asks again on a fresh connection
-        (contract.CLAIM_BACKOFF)."""
-        for pause in (*contract.CLAIM_BACKOFF, None):
-            try:
-                return self._claim_once(pending)
-            except DatabaseError as err:
-                if pause is None or not contract.answer_lost(err.__cause__):
-                    raise
-                contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s",
-                                     pending.key, err)
-            connections[self.using].close()
-            time.sleep(pause)
-        raise AssertionError("unreachable")
+        (flow.claim_answered)."""
+        claim, _ = flow.claim_answered(self.calls, pending, self.options, _nothing,
+                                       connections[self.using].close, _nothing, DJANGO_ERRORS)
+        return claim
 
     def _claim_once(self, pending: contract.Pending) -> Claim:
         """One claim on Django's connection."""
-        with self.telemetry.span("claim", pending.key) as span:
-            claim = self._claim_row(pending)
-            outcome(span, claim.outcome, claim.attempt)
-            return claim
-
-    def _claim_row(self, pending: contract.Pending) -> Claim:
-        """Runs claim on Django's connection; returns its row."""
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(CLAIM, (pending.key, pending.fingerprint, pending.scope, self.options.lease,
-                                   self.options.retention, self.options.wait, pending.token))
-            row = dict(zip((column.name for column in cursor.description), cursor.fetchone()))
-        if isinstance(row["headers"], str):   # Django loads jsonb as text
-            row["headers"] = json.loads(row["headers"])
-        if row["body"] is not None:
-            row["body"] = bytes(row["body"])
-        return Claim(**row)
+        return self.calls.claim(pending.key, pending.fingerprint, scope=pending.scope,
+                                lease=self.options.lease, retention=self.options.retention,
+                                wait=self.options.wait, token=pending.token)
 
     def _complete(self, pending: contract.Pending, status: int, body: bytes, headers) -> str:
         """Stores a response with complete() on Django's connection."""
-        with self.telemetry.span("complete", pending.key) as span:
-            answer = self._call(COMPLETE, pending.key, pending.fence, status, body,
-                                _json(contract.headers_to_store(headers, self.options)), pending.scope)
+        return self.calls.complete(pending.key, pending.fence, status, body,
+                                   contract.headers_to_store(headers, self.options), scope=pending.scope)
+
+
+class _Calls:
+    """The extension's functions on Django's connection, as flow's client
+    (Client's signatures; a failure raises Django's DatabaseError)."""
+
+    def __init__(self, using: str, telemetry: Telemetry):
+        """Calls on the connection of database alias using."""
+        self.using, self.telemetry = using, telemetry
+
+    def claim(self, key: str, fingerprint: bytes, *, scope, lease, retention, wait, token, **_) -> Claim:
+        """Runs claim in autocommit, or in the atomic block it is called in."""
+        with self.telemetry.span("claim", key) as span:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(CLAIM, (key, fingerprint, scope, lease, retention, wait, token))
+                row = dict(zip((column.name for column in cursor.description), cursor.fetchone()))
+            if isinstance(row["headers"], str):   # Django loads jsonb as text
+                row["headers"] = json.loads(row["headers"])
+            if row["body"] is not None:
+                row["body"] = bytes(row["body"])
+            claim = Claim(**row)
+            outcome(span, claim.outcome, claim.attempt)
+            return claim
+
+    def complete(self, key: str, fence: int, status_code: int, body: bytes, headers: dict, *,
+                 scope, **_) -> str:
+        """Stores a response (headers already picked)."""
+        with self.telemetry.span("complete", key) as span:
+            answer = self._call(COMPLETE, key, fence, status_code, body, _json(headers), scope)
             outcome(span, answer)
             return answer
 
-    def _keep_server_error(self, pending: contract.Pending, failed: contract.Answer) -> None:
+    def release(self, key: str, fence: int, *, scope, **_) -> bool:
+        """Frees the key for the next retry."""
+        with self.telemetry.span("release", key) as span:
+            released = self._call(RELEASE, key, fence, scope)
+            outcome(span, release_outcome(released))
+            return released
+
+    def keep_server_error(self, key: str, fingerprint: bytes, status_code: int, body: bytes, headers: dict,
+                          *, scope, lease, retention, wait, **_) -> None:
         """With one transaction, after a 5xx: stores it under a claim of its
         own when idempotency.store_server_errors is on (client.KEEP_SERVER_ERROR)."""
-        kept = contract.server_error(pending, failed, self.options)
-        params = {**kept, "status": kept.pop("status_code"), "headers": _json(kept["headers"])}
-        with self.telemetry.span("complete", pending.key) as span:
+        with self.telemetry.span("complete", key) as span:
             with connections[self.using].cursor() as cursor:
-                cursor.execute(KEEP_SERVER_ERROR, params)
+                cursor.execute(KEEP_SERVER_ERROR,
+                               _kept(key, fingerprint, status_code, body, headers, scope, lease, retention, wait))
                 row = cursor.fetchone()
             outcome(span, row[0] if row else "released")
 
@@ -408,6 +395,10 @@ class IdempotencyMiddleware:
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone()[0]
+
+
+def _nothing() -> None:
+    """Nothing to take or recheck: Django's connection is the request's."""
 
 
 def _failed(request, response) -> bool:
@@ -438,6 +429,10 @@ async def _acontent(response) -> bytes:
 def _sqlstate(err: DatabaseError) -> Optional[str]:
     """The SQLSTATE of psycopg's error under Django's."""
     return getattr(err.__cause__, "sqlstate", None)
+
+
+# How the flow tells Django's errors apart: psycopg's error is the cause.
+DJANGO_ERRORS = flow.Errors(DatabaseError, lambda err: contract.answer_lost(err.__cause__), _sqlstate)
 
 
 def _response(answer: contract.Answer) -> HttpResponse:

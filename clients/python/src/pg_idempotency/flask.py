@@ -9,14 +9,13 @@ stored response commit together.
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Optional, Tuple
 
 import psycopg
 from flask import Response, current_app, g, request
 
-from . import contract
+from . import contract, flow
 from .client import Claim, ClaimLost, Client
 
 
@@ -44,7 +43,8 @@ class Idempotency:
 
     def _before(self):
         """Claims the key: answers here, or lets the view run on g.db."""
-        if request.method not in self.options.methods:
+        if not contract.covers(self.options, request.method, request) or \
+                getattr(current_app.view_functions.get(request.endpoint), "idempotency_exempt", False):
             return None
         headers = _headers()
         key, refusal = contract.read_key(headers, self.options)
@@ -96,26 +96,9 @@ class Idempotency:
         self.pool.putconn(conn)
 
     def _claim(self, pending: contract.Pending) -> Tuple[Claim, bool]:
-        """Claims with the request's token on a fresh g.db, committed at once
-        (with one transaction: BEGIN and the claim, in one round trip, left
-        open for the view); when the answer is lost, asks again on another
-        (contract.CLAIM_BACKOFF). Returns the claim and whether it was asked again."""
-        for tries, pause in enumerate((*contract.CLAIM_BACKOFF, None)):
-            try:
-                return self.client.claim(pending.key, pending.fingerprint, scope=pending.scope,
-                                         lease=self.options.lease, retention=self.options.retention,
-                                         wait=self.options.wait, token=pending.token,
-                                         conn=self._take(), commit=not self.options.one_transaction,
-                                         begin=True), tries > 0
-            except psycopg.Error as err:
-                if pause is None or not contract.answer_lost(err):
-                    raise
-                contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s",
-                                     pending.key, err)
-            self._give_back()
-            self.pool.check()   # drops the pool's other broken connections
-            time.sleep(pause)
-        raise AssertionError("unreachable")
+        """Claims with the request's token on a fresh g.db (flow.claim_answered)."""
+        return flow.claim_answered(self.client, pending, self.options, self._take, self._give_back,
+                                   self.pool.check)
 
     def _unguarded(self, err: Exception):
         """After a failure of the store: 503, or with fail_open the view runs unguarded."""
@@ -189,46 +172,8 @@ class Idempotency:
 
     def _abandon(self, conn, pending: contract.Pending,
                  failed: Optional[contract.Answer] = None) -> None:
-        """Rolls the view's writes back and ends the claim: a 5xx response
-        (failed) goes to complete, which releases the key or, with
-        idempotency.store_server_errors on, stores the response; otherwise,
-        or when complete fails, the key is released for the next retry.
-        With one transaction the claim rolled back with the writes: only a
-        5xx kept by that setting is written."""
-        try:
-            conn.rollback()
-        except psycopg.Error as err:
-            # A broken connection: its transaction is gone; the claim is
-            # ended on a fresh connection of the pool.
-            contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
-            conn = None
-        if pending.fence is None:
-            return
-        if self.options.one_transaction:
-            if failed is not None:
-                try:
-                    kept = contract.server_error(pending, failed, self.options)
-                    self.client.keep_server_error(conn=conn, **kept)
-                except psycopg.Error as err:
-                    contract.log.error("idempotency: could not keep the %d of %r: %s",
-                                       failed.status, pending.key, err)
-            return
-        if failed is not None:
-            try:
-                self.client.complete(pending.key, pending.fence, failed.status, failed.body,
-                                     contract.headers_to_store(failed.headers, self.options),
-                                     scope=pending.scope, conn=conn, commit=True)
-                return
-            except ClaimLost:
-                return  # a retry owns the key: nothing of ours to free
-            except psycopg.Error as err:  # 54000 (too large to store) among others
-                contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
-                                   pending.key, failed.status, err)
-        try:
-            self.client.release(pending.key, pending.fence, scope=pending.scope,
-                                conn=conn, commit=True)
-        except psycopg.Error as err:
-            contract.log.error("idempotency: could not release %r: %s", pending.key, err)
+        """Rolls the view's writes back and ends the claim (flow.abandon)."""
+        flow.abandon(self.client, conn, pending, self.options, failed)
 
     def _teardown(self, exc) -> None:
         """Returns the connection to the pool, after ending a claim still
@@ -238,6 +183,13 @@ class Idempotency:
         if pending is not None and g.get("db") is not None:
             self._abandon(g.db, pending, failed if exc is None else None)
         self._give_back()
+
+
+def exempt(view):
+    """A decorator for a view the extension does not guard (a webhook
+    receiver, whose key is the sender's event id: pg_idempotency.webhooks)."""
+    view.idempotency_exempt = True
+    return view
 
 
 def _done(value):

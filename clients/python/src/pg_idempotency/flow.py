@@ -1,0 +1,239 @@
+"""The flow every guarded unit of work follows, whatever runs it (the Flask
+and ASGI middlewares, the idempotent function): claim it with its token,
+asking again when the answer was lost; run it; end it by committing it with
+its stored result, or by rolling it back and releasing the key (or storing
+what must be kept). Written once, blocking and asyncio, on a Client or an
+AsyncClient (or Django's connection: its errors are described by an Errors);
+the caller supplies how it takes and gives back a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable, NamedTuple, Optional, Tuple
+
+import psycopg
+
+from . import contract
+from .client import Claim, ClaimLost
+
+
+class Errors(NamedTuple):
+    """What a failed call of the client raises (kind), whether its answer
+    was lost, and its SQLSTATE (IK001 when not raised as ClaimLost)."""
+    kind: type
+    lost: Callable[[BaseException], bool]
+    sqlstate: Callable[[BaseException], Optional[str]]
+
+
+PSYCOPG = Errors(psycopg.Error, contract.answer_lost, lambda err: err.sqlstate)
+
+
+def claim_answered(client, pending: contract.Pending, options: contract.Options,
+                   take: Callable[[], object], give_back: Callable[[], None],
+                   recheck: Callable[[], None], errors: Errors = PSYCOPG) -> Tuple[Claim, bool]:
+    """Claims with the token of pending on a fresh connection from take(),
+    committed at once (with one transaction: BEGIN and the claim, in one round
+    trip, left open for the work); when the answer is lost, gives the
+    connection back, rechecks the pool and asks again on another
+    (contract.CLAIM_BACKOFF). Returns the claim and whether it was asked again."""
+    for tries, pause in enumerate((*contract.CLAIM_BACKOFF, None)):
+        try:
+            return client.claim(pending.key, pending.fingerprint, scope=pending.scope,
+                                lease=options.lease, retention=options.retention, wait=options.wait,
+                                token=pending.token, conn=take(),
+                                commit=not options.one_transaction, begin=True), tries > 0
+        except errors.kind as err:
+            if pause is None or not errors.lost(err):
+                raise
+            _log_lost_claim(pending, err)
+        give_back()
+        recheck()   # drops the pool's other broken connections
+        time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+async def aclaim_answered(client, pending: contract.Pending, options: contract.Options,
+                          take: Callable[[], Awaitable[object]], give_back: Callable[[], Awaitable[None]],
+                          recheck: Callable[[], Awaitable[None]]) -> Tuple[Claim, bool]:
+    """As claim_answered, on an AsyncClient."""
+    for tries, pause in enumerate((*contract.CLAIM_BACKOFF, None)):
+        try:
+            return await client.claim(pending.key, pending.fingerprint, scope=pending.scope,
+                                      lease=options.lease, retention=options.retention,
+                                      wait=options.wait, token=pending.token, conn=await take(),
+                                      commit=not options.one_transaction, begin=True), tries > 0
+        except psycopg.Error as err:
+            if pause is None or not contract.answer_lost(err):
+                raise
+            _log_lost_claim(pending, err)
+        await give_back()
+        await recheck()
+        await asyncio.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _log_lost_claim(pending: contract.Pending, err: BaseException) -> None:
+    """Says that a claim is asked again."""
+    contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s", pending.key, err)
+
+
+def abandon(client, conn, pending: contract.Pending, options: contract.Options,
+            failed: Optional[contract.Answer] = None) -> None:
+    """Rolls the work's writes back and ends the claim (end_claim)."""
+    try:
+        conn.rollback()
+    except psycopg.Error as err:
+        conn = _broken(pending, err)
+    end_claim(client, conn, pending, options, failed)
+
+
+def end_claim(client, conn, pending: contract.Pending, options: contract.Options,
+              failed: Optional[contract.Answer] = None, errors: Errors = PSYCOPG) -> None:
+    """Ends the claim after the work's writes rolled back: a 5xx response
+    (failed) goes to complete, which releases the key or, with
+    idempotency.store_server_errors on, stores the response; otherwise, or
+    when complete fails, the key is released for the next retry. With one
+    transaction the claim rolled back with the writes: only a 5xx kept by
+    that setting is written."""
+    if pending.fence is None:
+        return
+    if options.one_transaction:
+        if failed is not None:
+            try:
+                client.keep_server_error(conn=conn, **contract.server_error(pending, failed, options))
+            except errors.kind as err:
+                _log_unkept(pending, failed, err)
+        return
+    if failed is not None:
+        try:
+            client.complete(pending.key, pending.fence, failed.status, failed.body,
+                            contract.headers_to_store(failed.headers, options),
+                            scope=pending.scope, conn=conn, commit=True)
+            return
+        except ClaimLost:
+            return  # a retry owns the key: nothing of ours to free
+        except errors.kind as err:  # 54000 (too large to store) among others
+            if errors.sqlstate(err) == "IK001":
+                return
+            _log_unended(pending, failed, err)
+    try:
+        client.release(pending.key, pending.fence, scope=pending.scope, conn=conn, commit=True)
+    except errors.kind as err:
+        _log_unreleased(pending, err)
+
+
+async def aabandon(client, conn, pending: contract.Pending, options: contract.Options,
+                   failed: Optional[contract.Answer] = None) -> None:
+    """As abandon, on an AsyncClient."""
+    try:
+        await conn.rollback()
+    except psycopg.Error as err:
+        conn = _broken(pending, err)
+    if pending.fence is None:
+        return
+    if options.one_transaction:
+        if failed is not None:
+            try:
+                await client.keep_server_error(conn=conn, **contract.server_error(pending, failed, options))
+            except psycopg.Error as err:
+                _log_unkept(pending, failed, err)
+        return
+    if failed is not None:
+        try:
+            await client.complete(pending.key, pending.fence, failed.status, failed.body,
+                                  contract.headers_to_store(failed.headers, options),
+                                  scope=pending.scope, conn=conn, commit=True)
+            return
+        except ClaimLost:
+            return  # a retry owns the key: nothing of ours to free
+        except psycopg.Error as err:  # 54000 (too large to store) among others
+            _log_unended(pending, failed, err)
+    try:
+        await client.release(pending.key, pending.fence, scope=pending.scope, conn=conn, commit=True)
+    except psycopg.Error as err:
+        _log_unreleased(pending, err)
+
+
+def _broken(pending: contract.Pending, err: BaseException) -> None:
+    """After a failed ROLLBACK: the connection broke and its transaction is
+    gone; the claim is ended on a fresh connection of the pool (None)."""
+    contract.log.error("idempotency: could not roll back %r: %s", pending.key, err)
+
+
+def _log_unkept(pending: contract.Pending, failed: contract.Answer, err: BaseException) -> None:
+    """Says that a 5xx could not be kept under a claim of its own."""
+    contract.log.error("idempotency: could not keep the %d of %r: %s", failed.status, pending.key, err)
+
+
+def _log_unended(pending: contract.Pending, failed: contract.Answer, err: BaseException) -> None:
+    """Says that a 5xx could not end its claim (the key is released instead)."""
+    contract.log.error("idempotency: could not end the claim of %r after a %d: %s",
+                       pending.key, failed.status, err)
+
+
+def _log_unreleased(pending: contract.Pending, err: BaseException) -> None:
+    """Says that the key could not be released (its lease ends the claim)."""
+    contract.log.error("idempotency: could not release %r: %s", pending.key, err)
+
+
+class Held:
+    """A unit of work's connection, taken from the pool afresh when one broke."""
+
+    def __init__(self, pool):
+        """Holds nothing yet."""
+        self.pool = pool
+        self.conn = None
+        self.autocommit = False
+
+    def take(self):
+        """Gives back the connection held, and takes a fresh one in autocommit:
+        the flow sends BEGIN itself, with the claim (psycopg's own BEGIN would
+        cost a round trip of its own)."""
+        self.give_back()
+        self.conn = self.pool.getconn()
+        self.autocommit = self.conn.autocommit
+        self.conn.autocommit = True
+        return self.conn
+
+    def give_back(self) -> None:
+        """Returns the connection to the pool idle, in its own autocommit mode
+        (a broken one is discarded by the pool)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.rollback()
+                conn.autocommit = self.autocommit
+            except psycopg.Error:
+                pass
+            self.pool.putconn(conn)
+
+
+class AsyncHeld:
+    """As Held, on an AsyncConnectionPool."""
+
+    def __init__(self, pool):
+        """Holds nothing yet."""
+        self.pool = pool
+        self.conn = None
+        self.autocommit = False
+
+    async def take(self):
+        """As Held.take."""
+        await self.give_back()
+        self.conn = await self.pool.getconn()
+        self.autocommit = self.conn.autocommit
+        await self.conn.set_autocommit(True)
+        return self.conn
+
+    async def give_back(self) -> None:
+        """As Held.give_back."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                await conn.rollback()
+                await conn.set_autocommit(self.autocommit)
+            except psycopg.Error:
+                pass
+            await self.pool.putconn(conn)
