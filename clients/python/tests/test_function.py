@@ -211,6 +211,31 @@ def test_the_lease_is_extended_while_the_function_runs(pool, admin):
     assert long_job("j-1") == "done"
 
 
+def test_without_a_lease_the_database_setting_decides_and_is_renewed(admin):
+    # A role whose idempotency.lease is 1 second (as ALTER ROLE ... SET
+    # gives it): the claim takes that lease, and the renewals keep it alive.
+    release = threading.Event()
+    with ConnectionPool(DATABASE_URL, min_size=1, max_size=4,
+                        kwargs={"options": "-c idempotency.lease=1s"}) as short_pool:
+        @idempotent_function(short_pool, key="job", one_transaction=False)
+        def long_job(run, job):
+            release.wait(30)
+            return "done"
+
+        worker = threading.Thread(target=long_job, args=("j-setting",))
+        worker.start()
+        try:
+            wait_for(admin, "SELECT count(*) > 0 FROM idempotency.keys WHERE key = 'j-setting' "
+                            "AND lease = interval '1 second'", timeout=20)
+            wait_for(admin, "SELECT count(*) > 0 FROM idempotency.keys WHERE key = 'j-setting' "
+                            "AND lease_expires_at > created_at + interval '3 seconds'", timeout=20)
+            assert value(admin, "SELECT attempt FROM idempotency.keys WHERE key = 'j-setting'") == 1
+        finally:
+            release.set()
+            worker.join()
+        assert long_job("j-setting") == "done"
+
+
 def test_checkpoint_needs_two_transactions(pool):
     @idempotent_function(pool, key="job")
     def job(run, job):

@@ -48,7 +48,12 @@ from .client import AsyncClient, Claim, ClaimLost, Client
 # The status codes of the record: a result, and a final error stored.
 RESULT_STATUS = 200
 ERROR_STATUS = 422
-DEFAULT_LEASE = timedelta(seconds=60)
+# How long a lease lasts when neither the call nor the database says.
+FALLBACK_LEASE_SECONDS = 60.0
+# The lease a claim without one gets: the setting idempotency.lease, in seconds.
+SETTING_LEASE = """SELECT pg_catalog.date_part('epoch', pg_catalog.coalesce(
+  pg_catalog.current_setting('idempotency.lease', true)::pg_catalog.interval,
+  pg_catalog.make_interval(secs => %s)))"""
 
 
 class IdempotencyError(Exception):
@@ -322,7 +327,11 @@ class _Heartbeat:
 
     def _beat(self) -> None:
         """Renews the lease until stopped or lost."""
-        pending, period = self.work.pending, _period(self.work.options.lease)
+        pending, lease = self.work.pending, self.work.options.lease
+        if lease is None:
+            with self.work.client.pool.connection() as conn:
+                lease = timedelta(seconds=conn.execute(SETTING_LEASE, (FALLBACK_LEASE_SECONDS,)).fetchone()[0])
+        period = _period(lease)
         while not self.stop.wait(period):
             try:
                 self.work.client.extend(pending.key, pending.fence, self.work.options.lease,
@@ -353,7 +362,12 @@ class _AsyncHeartbeat:
 
     async def _beat(self) -> None:
         """As _Heartbeat._beat."""
-        pending, period = self.work.pending, _period(self.work.options.lease)
+        pending, lease = self.work.pending, self.work.options.lease
+        if lease is None:
+            async with self.work.client.pool.connection() as conn:
+                row = await (await conn.execute(SETTING_LEASE, (FALLBACK_LEASE_SECONDS,))).fetchone()
+                lease = timedelta(seconds=row[0])
+        period = _period(lease)
         while True:
             await asyncio.sleep(period)
             try:
@@ -524,7 +538,7 @@ async def _aend_failed(work: _Work, conn, err: BaseException) -> None:
 
 
 def idempotent_function(pool, *, key: KeyOption, scope: Optional[KeyOption] = None,
-                        one_transaction: bool = True, lease: Union[timedelta, float] = DEFAULT_LEASE,
+                        one_transaction: bool = True, lease: Union[timedelta, float, None] = None,
                         retention: contract.Interval = None, wait: contract.Interval = None,
                         final: Union[Type[BaseException], Tuple[Type[BaseException], ...],
                                      Callable[[BaseException], bool]] = (),
@@ -537,14 +551,15 @@ def idempotent_function(pool, *, key: KeyOption, scope: Optional[KeyOption] = No
     function) on a database with the extension. key: the name of the
     parameter that holds the key, or a callable of the call's arguments that
     returns it; scope: a fixed string or such a callable (None: the
-    idempotency.scope setting). lease: a timedelta or seconds; retention and
+    idempotency.scope setting). lease: a timedelta or seconds (None: the
+    database's idempotency.lease, renewed by its own length); retention and
     wait: intervals (one transaction waits 2 seconds unless told). final: the
     exception classes (or a predicate) stored as the outcome, raised again to
     every duplicate; any other exception releases the key. serializer: dumps
     and loads of the result (JSON). fingerprint: a callable of the arguments
     (a dict by name) returning at most 64 bytes, instead of their canonical JSON's SHA-256.
     """
-    if not isinstance(lease, timedelta):
+    if lease is not None and not isinstance(lease, timedelta):
         lease = timedelta(seconds=lease)
     options = contract.Options(lease=lease, retention=retention, wait=wait,
                                one_transaction=one_transaction, tracer_provider=tracer_provider)
