@@ -554,10 +554,18 @@ impl IdempotencyLayer {
     }
 
     /// Stores the response of a handler that wrote nothing, with `complete`
-    /// on its own (no BEGIN, no COMMIT).
+    /// in a transaction of its own: its statement is bound (unnamed, parsed
+    /// and executed in two exchanges), which a transaction pooler keeps on
+    /// one server connection only inside a transaction.
     async fn complete_alone<B, E>(&self, owner: &Owner, head: response::Parts, body: Bytes) -> Run<B, E> {
         let headers = self.headers_to_store(&head);
-        match owner.complete(&self.pool, head.status.as_u16(), &headers, &body).await {
+        let stored = async {
+            let mut transaction = self.pool.begin().await?;
+            let done = owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await?;
+            transaction.commit().await?;
+            Ok::<_, Error>(done)
+        };
+        match stored.await {
             Ok(_) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
             Err(Error::ClaimLost(_)) => Run::Answered(Ok(Problem::ClaimLost.response())),
             Err(err) if answer_lost(&err) => {
