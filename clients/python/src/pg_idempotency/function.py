@@ -51,7 +51,7 @@ ERROR_STATUS = 422
 # How long a lease lasts when neither the call nor the database says.
 FALLBACK_LEASE_SECONDS = 60.0
 # The lease a claim without one gets: the setting idempotency.lease, in seconds.
-SETTING_LEASE = """SELECT pg_catalog.date_part('epoch', pg_catalog.coalesce(
+SETTING_LEASE = """SELECT pg_catalog.date_part('epoch', COALESCE(
   pg_catalog.current_setting('idempotency.lease', true)::pg_catalog.interval,
   pg_catalog.make_interval(secs => %s)))"""
 
