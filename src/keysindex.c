@@ -225,18 +225,22 @@ cached_index_info(Relation index)
 }
 
 /*
- * Marks the arbiters among w's indexes, whose table's columns are att: its
- * key indexes, where a claim's insert finds a concurrent record of its key.
+ * Marks the arbiters among w's indexes, whose table's facts are f: its key
+ * indexes, where a claim's insert finds a concurrent record of its key.
+ * The key index the facts found is one without a look at the catalogs; only
+ * another unique index (a copy that REINDEX CONCURRENTLY builds) is looked
+ * at, as it is rare.
  */
 static void
-find_arbiters(IdemWriteRel *w, const AttrNumber *att)
+find_arbiters(IdemWriteRel *w, const IdemRelFacts *f)
 {
 	w->only_arbiters = true;
 	for (int i = 0; i < w->nindexes; i++)
 	{
 		Relation	index = w->indexes[i];
 
-		w->arbiter[i] = idem_is_key_index(w->rel, index, att);
+		w->arbiter[i] = RelationGetRelid(index) == f->key_index ||
+			(index->rd_index->indisunique && idem_is_key_index(w->rel, index, f->att));
 		if ((index->rd_index->indisunique || w->info[i]->ii_ExclusionOps != NULL) &&
 			!w->arbiter[i])
 			w->only_arbiters = false;
@@ -270,7 +274,7 @@ idem_write_rel_open(const IdemCall *call, IdemWriteRel *w)
 		w->info[i] = cached_index_info(w->indexes[i]);
 	f = idem_rel_facts(call, w->rel);
 	idem_require_key_index(call, f);
-	find_arbiters(w, f->att);
+	find_arbiters(w, f);
 	if (f->direct < 0)
 		f->direct = writes_are_plain(w, f->att);
 	w->direct = f->direct;
