@@ -230,12 +230,17 @@ func (t *Ticket) Extend(ctx context.Context, db Querier, lease time.Duration) (t
 // Checkpoint saves the progress of multi-step work (point, and state as
 // JSON, nil for none) and renews the lease; a takeover's Ticket carries them.
 func (t *Ticket) Checkpoint(ctx context.Context, db Querier, point string, state json.RawMessage) error {
-	_, err := db.Exec(ctx, `SELECT idempotency.checkpoint($1, $2, $3, $4, $5)`,
-		unnamed(t.Key, t.Fence, point, jsonArg(state), t.Scope)...)
-	if err != nil {
+	if _, err := db.Exec(ctx, checkpointSQL, unnamed(t.checkpointArgs(point, state)...)...); err != nil {
 		return t.wrap("checkpoint", err)
 	}
 	return nil
+}
+
+const checkpointSQL = `SELECT idempotency.checkpoint($1, $2, $3, $4, $5)`
+
+// checkpointArgs are the arguments of checkpointSQL.
+func (t *Ticket) checkpointArgs(point string, state json.RawMessage) []any {
+	return []any{t.Key, t.Fence, point, jsonArg(state), t.Scope}
 }
 
 // wrap names the call in err, and turns IK001 into a *ClaimLostError.

@@ -49,6 +49,17 @@ type Options struct {
 	// and idempotency.release (see the README); nil: the global one
 	// (otel.GetTracerProvider), a no-op until the app installs an SDK.
 	TracerProvider trace.TracerProvider
+	// Key reads the key from where a sender puts it, after verifying the
+	// request (body: the request body, nil when empty): a webhook's
+	// (StandardWebhook, BodyKey). An error is answered 401
+	// webhook_unverified, and nothing is claimed. nil: the Idempotency-Key
+	// header.
+	Key func(r *http.Request, body []byte) (string, error)
+	// Redact is given the response to store (status, the headers a replay
+	// repeats, body) and returns the headers and body to store instead; the
+	// response sent to this client is unchanged, a replay sends what was
+	// stored. nil: stored as sent.
+	Redact func(status int, header http.Header, body []byte) (http.Header, []byte)
 }
 
 // DefaultWait is how long, with OneTransaction, a request waits for a
@@ -180,19 +191,7 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		next.ServeHTTP(w, r)
 		return
 	}
-	key, err := ParseKey(r.Header.Values("Idempotency-Key"))
-	switch {
-	case err == errKeyMissing && g.opts.KeyOptional:
-		g.run(w, r, next, nil)
-		return
-	case err == errKeyMissing:
-		writeProblem(w, http.StatusBadRequest, CodeKeyMissing, err.Error(), 0)
-		return
-	case err != nil:
-		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), 0)
-		return
-	}
-	body, ok := g.readBody(w, r)
+	key, body, ok := g.keyAndBody(w, r, next)
 	if !ok {
 		return
 	}
@@ -215,6 +214,35 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	default:
 		answer(w, t)
 	}
+}
+
+// keyAndBody reads the request's key and body, or answers (ok false): 400
+// without a valid key (or runs next unguarded with KeyOptional), 401 when
+// Options.Key does not verify the request.
+func (g *guard) keyAndBody(w http.ResponseWriter, r *http.Request, next http.Handler) (key string, body []byte, ok bool) {
+	var err error
+	if g.opts.Key == nil {
+		key, err = ParseKey(r.Header.Values("Idempotency-Key"))
+	}
+	switch {
+	case err == errKeyMissing && g.opts.KeyOptional:
+		g.run(w, r, next, nil)
+		return "", nil, false
+	case err == errKeyMissing:
+		writeProblem(w, http.StatusBadRequest, CodeKeyMissing, err.Error(), 0)
+		return "", nil, false
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), 0)
+		return "", nil, false
+	}
+	if body, ok = g.readBody(w, r); !ok || g.opts.Key == nil {
+		return key, body, ok
+	}
+	if key, err = g.opts.Key(r, body); err != nil {
+		writeProblem(w, http.StatusUnauthorized, CodeWebhookUnverified, err.Error(), 0)
+		return "", nil, false
+	}
+	return key, body, true
 }
 
 // claimFailed answers a request whose claim failed: 400 for a key the
@@ -395,7 +423,7 @@ func (g *guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, c
 // answer (rec) is that answer, whole (the COMMIT went through); anything
 // else is a takeover's answer, or its 409 while it runs.
 func answerAfterLoss(w http.ResponseWriter, t *Ticket, rec *recorder) {
-	if t.Outcome == Replay && rec != nil && t.StatusCode == rec.status && bytes.Equal(t.Body, rec.body.Bytes()) {
+	if t.Outcome == Replay && rec != nil && rec.stored != nil && t.StatusCode == rec.status && bytes.Equal(t.Body, rec.stored.body) {
 		rec.sendTo(w)
 		return
 	}
@@ -500,7 +528,11 @@ func (g *guard) settle(w http.ResponseWriter, r *http.Request, tx txn, c *claim,
 		rec.sendTo(w)
 		return false
 	}
-	err := g.commit(r.Context(), tx, c, rec)
+	var done *completion
+	if c != nil {
+		done = g.completion(c.ticket, rec)
+	}
+	err := g.commit(r.Context(), tx, done)
 	switch {
 	case err == nil:
 		rec.sendTo(w)
@@ -520,19 +552,29 @@ func (g *guard) settle(w http.ResponseWriter, r *http.Request, tx txn, c *claim,
 // server: whether the transaction committed is not known.
 var errCommitLost = errors.New("the COMMIT got no answer")
 
-// commit stores the response with complete (when claimed) and commits (on
-// pgx in one round trip). A failed complete rolls back (nothing committed,
-// whatever the error); a failure without an answer from the server is
-// errCommitLost: whether it committed is not known.
-func (g *guard) commit(ctx context.Context, tx txn, c *claim, rec *recorder) error {
+// completion is what complete stores of rec for ticket t: the headers a
+// replay repeats, redacted (Options.Redact); kept on rec as rec.stored.
+func (g *guard) completion(t *Ticket, rec *recorder) *completion {
+	header, body := g.storedHeader(rec), rec.body.Bytes()
+	if g.opts.Redact != nil {
+		header, body = g.opts.Redact(rec.status, header, bytes.Clone(body))
+	}
+	rec.stored = &completion{ticket: t, status: rec.status, body: body, header: header}
+	return rec.stored
+}
+
+// commit stores the response with complete (done, unless nil: unguarded)
+// and commits (on pgx in one round trip). A failed complete rolls back
+// (nothing committed, whatever the error); a failure without an answer
+// from the server is errCommitLost: whether it committed is not known.
+func (g *guard) commit(ctx context.Context, tx txn, done *completion) error {
 	ctx, cancel := finishing(ctx)
 	defer cancel()
 	var err error
-	if c == nil {
+	if done == nil {
 		err = tx.finish(ctx, nil)
 	} else {
-		done := &completion{ticket: c.ticket, status: rec.status, body: rec.body.Bytes(), header: g.storedHeader(rec)}
-		_, err = inSpan(ctx, g.tracer, "complete", c.ticket.Key, func(ctx context.Context) (*completion, error) {
+		_, err = inSpan(ctx, g.tracer, "complete", done.ticket.Key, func(ctx context.Context) (*completion, error) {
 			return done, tx.finish(ctx, done)
 		}, func(c *completion) (string, int) { return c.result, 0 })
 	}
@@ -559,13 +601,10 @@ func (g *guard) storedHeader(rec *recorder) http.Header {
 
 // abandon rolls back the transaction of a handler that answered 5xx, then
 // hands its response to complete, which frees the key (or, with
-// idempotency.store_server_errors on, stores the response for replay).
-// When complete fails otherwise than by IK001 (54000: too large to store,
-// among others), release frees the key. A 5xx the handler did not produce
-// by finishing (http.TimeoutHandler's, inside the middleware: a context it
-// used on the transaction ran out) is never stored: the key is freed.
-// With OneTransaction the claim rolled back too: it is made again, on its
-// own, for complete.
+// idempotency.store_server_errors on, stores the response for replay). A
+// 5xx the handler did not produce by finishing (http.TimeoutHandler's,
+// inside the middleware: a context it used on the transaction ran out) is
+// never stored: the key is freed.
 func (g *guard) abandon(ctx context.Context, tx txn, c *claim, rec *recorder) {
 	cut := tx.cut()
 	g.rollback(tx)
@@ -576,6 +615,15 @@ func (g *guard) abandon(ctx context.Context, tx txn, c *claim, rec *recorder) {
 		g.free(ctx, c)
 		return
 	}
+	g.completeApart(ctx, c, g.completion(c.ticket, rec))
+}
+
+// completeApart runs complete for claim c on its own, after the work's
+// transaction rolled back (a 5xx, a function's final error). With
+// OneTransaction the claim rolled back too: it is made again, on its own,
+// for complete. When complete fails otherwise than by IK001 (54000: too
+// large to store, among others), release frees the key.
+func (g *guard) completeApart(ctx context.Context, c *claim, done *completion) {
 	ctx, cancel := finishing(ctx)
 	defer cancel()
 	t := c.ticket
@@ -586,12 +634,12 @@ func (g *guard) abandon(ctx context.Context, tx txn, c *claim, rec *recorder) {
 		}
 	}
 	_, err := inSpan(ctx, g.tracer, "complete", t.Key, func(ctx context.Context) (string, error) {
-		return t.complete(ctx, g.db, rec.status, rec.body.Bytes(), g.storedHeader(rec))
+		return t.complete(ctx, g.db, done.status, done.body, done.header)
 	}, completeOutcome)
 	if err == nil || errors.Is(err, ErrClaimLost) {
 		return // ended, or a retry owns the key: nothing of ours to free
 	}
-	g.opts.Logger.Printf("idempotency: could not end the claim after a %d: %v", rec.status, err)
+	g.opts.Logger.Printf("idempotency: could not end the claim after a %d: %v", done.status, err)
 	g.release(ctx, t)
 }
 

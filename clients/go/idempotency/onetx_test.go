@@ -46,21 +46,27 @@ func TestClaimWaitsForAnUncommittedClaim(t *testing.T) {
 	}
 }
 
+// countedPool is a pool of one connection whose round trips counter counts.
+func countedPool(t *testing.T) (*pgxpool.Pool, *roundtrip.Counter) {
+	counter := &roundtrip.Counter{}
+	cfg := pool.Config()
+	counter.Dial(cfg)
+	cfg.MaxConns = 1
+	counted, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(counted.Close)
+	return counted, counter
+}
+
 // The database round trips of a fresh request and of a replay: BEGIN
 // travels with the claim (one transaction), complete with COMMIT (both).
 func TestRoundTrips(t *testing.T) {
 	want := map[bool][2]int64{false: {4, 1}, true: {3, 2}} // fresh, replay
 	for name, one := range modes {
 		t.Run(name, func(t *testing.T) {
-			var counter roundtrip.Counter
-			cfg := pool.Config()
-			counter.Dial(cfg)
-			cfg.MaxConns = 1
-			counted, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer counted.Close()
+			counted, counter := countedPool(t)
 			var runs int32
 			srv := serveMode(t, counted, one, Options{}, charge(&runs))
 			send(t, srv, keyed(uniqueKey(t), `{}`)) // connects

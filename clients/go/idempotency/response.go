@@ -12,6 +12,7 @@ type recorder struct {
 	header http.Header
 	status int // 0 until WriteHeader or the first Write
 	body   bytes.Buffer
+	stored *completion // what complete was given to store, once it was
 }
 
 // newRecorder starts an empty response.
@@ -76,19 +77,21 @@ func replay(w http.ResponseWriter, t *Ticket) {
 
 // The codes of the problems the middleware answers (docs/http-contract.md).
 const (
-	CodeKeyMissing    = "idempotency_key_missing"
-	CodeKeyInvalid    = "idempotency_key_invalid"
-	CodeKeyInProgress = "idempotency_key_in_progress"
-	CodeKeyMismatch   = "idempotency_key_mismatch"
-	CodeClaimLost     = "idempotency_claim_lost"
-	CodeUnavailable   = "idempotency_unavailable"
-	CodeBodyTooLarge  = "request_body_too_large"
-	CodeBodyUnread    = "request_body_unreadable"
+	CodeKeyMissing        = "idempotency_key_missing"
+	CodeKeyInvalid        = "idempotency_key_invalid"
+	CodeKeyInProgress     = "idempotency_key_in_progress"
+	CodeKeyMismatch       = "idempotency_key_mismatch"
+	CodeClaimLost         = "idempotency_claim_lost"
+	CodeUnavailable       = "idempotency_unavailable"
+	CodeBodyTooLarge      = "request_body_too_large"
+	CodeBodyUnread        = "request_body_unreadable"
+	CodeWebhookUnverified = "webhook_unverified"
 )
 
 // titles are the reason phrases of RFC 9110, the titles of the problems.
 var titles = map[int]string{
 	http.StatusBadRequest:            "Bad Request",
+	http.StatusUnauthorized:          "Unauthorized",
 	http.StatusConflict:              "Conflict",
 	http.StatusRequestEntityTooLarge: "Content Too Large",
 	http.StatusUnprocessableEntity:   "Unprocessable Content",

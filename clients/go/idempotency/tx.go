@@ -219,6 +219,16 @@ func (t *connTx) finish(ctx context.Context, c *completion) error {
 	return err
 }
 
+// commitWith runs sql with args, then COMMIT and BEGIN, in one round trip:
+// the writes so far commit with it, and the transaction goes on as a new
+// one on the same connection. When sql fails, nothing is committed and the
+// transaction is left failed.
+func (t *connTx) commitWith(ctx context.Context, sql string, args []any) error {
+	return t.use(ctx, func(c *pgx.Conn) error {
+		return sendUnnamed(ctx, c, statement{sql: sql, args: args}, statement{sql: "COMMIT"}, statement{sql: "BEGIN"})
+	})
+}
+
 // statement is one statement of sendUnnamed, and what reads its answer.
 type statement struct {
 	sql  string
