@@ -9,6 +9,7 @@ replace github.com/idempotency/idempotency/clients/go => ../../clients/go
 require (
 	github.com/idempotency/idempotency/clients/go v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/standard-webhooks/standard-webhooks/libraries v1.3.0
 )
 
 require (

@@ -4,6 +4,8 @@
 // is done), PORT (default 3000); for the tests, IDEMPOTENCY_LEASE (an
 // interval; unset: the database's idempotency.lease), IDEMPOTENCY_FAIL_OPEN=on and
 // IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
+// With WEBHOOK_SECRET (whsec_...), it also serves POST /webhooks: a Standard
+// Webhooks receiver that charges each event's data.amount once.
 package main
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/idempotency/idempotency/clients/go/idempotency"
 	"github.com/jackc/pgx/v5/pgxpool"
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
 const createCharges = `CREATE TABLE IF NOT EXISTS charges (
@@ -56,9 +59,32 @@ func main() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", health)
 	mux.HandleFunc("/payments", pay)
-	srv := &http.Server{Addr: "127.0.0.1:" + getenv("PORT", "3000"), Handler: guard(mux),
+	routes := http.NewServeMux()
+	routes.Handle("/", guard(mux))
+	if secret := os.Getenv("WEBHOOK_SECRET"); secret != "" {
+		hooks, err := webhookGuard(pool, secret, lease)
+		if err != nil {
+			log.Fatalf("WEBHOOK_SECRET: %v", err)
+		}
+		routes.Handle("/webhooks", hooks(http.HandlerFunc(receive)))
+	}
+	srv := &http.Server{Addr: "127.0.0.1:" + getenv("PORT", "3000"), Handler: routes,
 		ReadHeaderTimeout: 10 * time.Second}
 	serve(srv)
+}
+
+// webhookGuard is the middleware of POST /webhooks: each delivery verified
+// with the Standard Webhooks library (signature, and a timestamp within 5
+// minutes) before anything is claimed, keyed by its webhook-id, scoped to
+// the sender. Its charge and its stored answer commit together.
+func webhookGuard(pool *pgxpool.Pool, secret string, lease time.Duration) (func(http.Handler) http.Handler, error) {
+	wh, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		return nil, err
+	}
+	opts := idempotency.StandardWebhook(wh, "payments-sender")
+	opts.Lease = lease
+	return idempotency.Middleware(pool, opts), nil
 }
 
 // connect opens a pool on url; an unreachable database fails a request
@@ -117,22 +143,50 @@ type payment struct {
 	Fail    bool    `json:"fail"`     // test knob: charge, then answer 500
 }
 
+// event is the body of a webhook delivery: a payment to charge in data.
+type event struct {
+	Type string  `json:"type"`
+	Data payment `json:"data"`
+}
+
 // pay charges the amount in the middleware's transaction: the charge and the
 // stored response commit together. delay_ms sleeps first; fail answers 500
 // after the charge was written, so the middleware rolls it back.
 func pay(w http.ResponseWriter, r *http.Request) {
+	var p payment
+	if decodePost(w, r, &p) {
+		charge(w, r, p)
+	}
+}
+
+// receive charges a webhook event's data as POST /payments charges its body.
+func receive(w http.ResponseWriter, r *http.Request) {
+	var e event
+	if decodePost(w, r, &e) {
+		charge(w, r, e.Data)
+	}
+}
+
+// decodePost reads the JSON body of a POST into v (numbers kept as
+// written), or answers 405 or 400 and returns false.
+func decodePost(w http.ResponseWriter, r *http.Request, v any) bool {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "use POST"})
-		return
+		return false
 	}
-	var p payment
 	dec := json.NewDecoder(r.Body)
 	dec.UseNumber()
-	if err := dec.Decode(&p); err != nil {
+	if err := dec.Decode(v); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the body is not valid JSON"})
-		return
+		return false
 	}
+	return true
+}
+
+// charge writes the charge of p in the middleware's transaction and
+// answers 201 {"charge": id}.
+func charge(w http.ResponseWriter, r *http.Request, p payment) {
 	amount, ok := p.Amount.(json.Number)
 	if f, err := amount.Float64(); !ok || err != nil || !(f > 0) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount must be a positive number"})
