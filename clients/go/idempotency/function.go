@@ -219,6 +219,7 @@ func (f *function) call(ctx context.Context, c *claim, fn work) (result []byte, 
 			}
 			return f.answer(t)
 		case runs > maxRuns:
+			c.ticket = t
 			f.g.rollback(tx)
 			f.g.free(ctx, c)
 			return nil, false, errors.New("idempotency: the COMMIT got no answer, and rolled back, each time; nothing was kept")

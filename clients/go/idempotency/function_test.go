@@ -371,3 +371,27 @@ func TestRunRoundTrips(t *testing.T) {
 		})
 	}
 }
+
+// A COMMIT whose answer is lost and that rolls back every time: maxRuns
+// runs, then an error; nothing kept, the key freed.
+func TestRunCommitAlwaysRollsBack(t *testing.T) {
+	for name, o := range fnModes {
+		t.Run(name, func(t *testing.T) {
+			key := uniqueKey(t)
+			var runs int32
+			f, cl, err := newFunction(newLossy(nil, 100, true), Work{Key: key}, []RunOptions{o})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = f.call(ctx, cl, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				_, err := charging(key, 1, &runs)(ctx, tx)
+				return []byte(`{}`), err
+			})
+			rec, lerr := Lookup(ctx, pool, "", key)
+			if err == nil || runs != maxRuns || rec != nil || lerr != nil || writesOf(t, key) != 0 {
+				t.Fatalf("%v after %d runs, record %+v %v, %d writes; want an error after %d runs, nothing kept",
+					err, runs, rec, lerr, writesOf(t, key), maxRuns)
+			}
+		})
+	}
+}

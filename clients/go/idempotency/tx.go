@@ -12,10 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// errNotYours is what the handler gets when it commits or rolls back the
-// middleware's transaction: the middleware ends it, with the response.
-var errNotYours = errors.New("idempotency: the middleware commits or rolls back this transaction; " +
-	"answer 5xx to roll it back")
+// errNotYours is what the handler (or Run's function) gets when it commits
+// or rolls back the transaction: the middleware (or Run) ends it, with the
+// response (the result).
+var errNotYours = errors.New("idempotency: the middleware (or Run) commits or rolls back this transaction; " +
+	"answer 5xx (return an error) to roll it back")
 
 // connTx is the handler's transaction on a pooled connection, a pgx.Tx of
 // the middleware's own (pgx makes its own only by sending BEGIN on its own):
