@@ -218,7 +218,8 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 
 // keyAndBody reads the request's key and body, or answers (ok false): 400
 // without a valid key (or runs next unguarded with KeyOptional), 401 when
-// Options.Key does not verify the request.
+// Options.Key does not verify the request, 400 when it finds no key in a
+// verified one.
 func (g *guard) keyAndBody(w http.ResponseWriter, r *http.Request, next http.Handler) (key string, body []byte, ok bool) {
 	var err error
 	if g.opts.Key == nil {
@@ -238,11 +239,17 @@ func (g *guard) keyAndBody(w http.ResponseWriter, r *http.Request, next http.Han
 	if body, ok = g.readBody(w, r); !ok || g.opts.Key == nil {
 		return key, body, ok
 	}
-	if key, err = g.opts.Key(r, body); err != nil {
+	var noKey *noKeyError
+	key, err = g.opts.Key(r, body)
+	switch {
+	case errors.As(err, &noKey):
+		writeProblem(w, http.StatusBadRequest, CodeKeyMissing, err.Error(), 0)
+	case err != nil:
 		writeProblem(w, http.StatusUnauthorized, CodeWebhookUnverified, err.Error(), 0)
-		return "", nil, false
+	default:
+		return key, body, true
 	}
-	return key, body, true
+	return "", nil, false
 }
 
 // claimFailed answers a request whose claim failed: 400 for a key the

@@ -37,8 +37,9 @@ func StandardWebhook(v WebhookVerifier, sender string) Options {
 
 // BodyKey returns the Options of a receiver whose sender keeps its event id
 // in a string field of the JSON body (Stripe's "id"): verify checks the
-// delivery (the sender's signature) before anything is claimed; the scope is
-// "webhook:" and the sender.
+// delivery (the sender's signature) before anything is claimed (else 401); a
+// verified body without that field is a 400; the scope is "webhook:" and the
+// sender.
 func BodyKey(field string, verify func(r *http.Request, body []byte) error, sender string) Options {
 	return Options{
 		Methods: []string{http.MethodPost},
@@ -50,12 +51,17 @@ func BodyKey(field string, verify func(r *http.Request, body []byte) error, send
 			var event map[string]json.RawMessage
 			var id string
 			if json.Unmarshal(body, &event) != nil || json.Unmarshal(event[field], &id) != nil || id == "" {
-				return "", fmt.Errorf("the webhook delivery has no string %q in its body", field)
+				return "", &noKeyError{fmt.Sprintf("the webhook delivery has no string %q in its body", field)}
 			}
 			return id, nil
 		},
 	}
 }
+
+// noKeyError is a verified delivery without its key: a 400, not a 401.
+type noKeyError struct{ msg string }
+
+func (e *noKeyError) Error() string { return e.msg }
 
 // senderScope scopes every delivery to its sender.
 func senderScope(sender string) func(*http.Request) string {

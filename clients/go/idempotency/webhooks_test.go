@@ -77,7 +77,8 @@ func TestStandardWebhook(t *testing.T) {
 }
 
 // BodyKey: the key is a string field of the body, after the sender's own
-// verification; a body without it, or unverified, is 401 and claims nothing.
+// verification; an unverified delivery is 401, a verified body without the
+// field 400, and neither claims anything.
 func TestBodyKey(t *testing.T) {
 	var runs int32
 	verify := func(r *http.Request, body []byte) error {
@@ -101,7 +102,7 @@ func TestBodyKey(t *testing.T) {
 	forged.header = map[string]string{"X-Key": id}
 	wantProblem(t, send(t, srv, forged), 401, CodeWebhookUnverified)
 	wantProblem(t, send(t, srv, call{path: "/webhooks", body: `{"amount":1}`,
-		header: map[string]string{"Stripe-Signature": "ok"}}), 401, CodeWebhookUnverified)
+		header: map[string]string{"Stripe-Signature": "ok"}}), 400, CodeKeyMissing)
 	if runs != 1 {
 		t.Fatalf("%d runs", runs)
 	}
