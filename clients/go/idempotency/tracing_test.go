@@ -289,3 +289,37 @@ func TestTracingPgxBatchTracer(t *testing.T) {
 		})
 	}
 }
+
+// Run's spans are the middleware's: a fresh call's claim and complete, a
+// duplicate's claim, a failed call's claim (and, in two transactions, its
+// release); none holds the key or the arguments.
+func TestTracingRun(t *testing.T) {
+	for name, o := range fnModes {
+		t.Run(name, func(t *testing.T) {
+			tp, exporter := recording(t)
+			o.TracerProvider = tp
+			card := "4242-" + hex.EncodeToString([]byte(t.Name()))
+			key := uniqueKey(t)
+			w := Work{Scope: "tenant-secret", Key: key, Args: map[string]string{"card": card}}
+			var runs int32
+			for i := 0; i < 2; i++ {
+				if _, err := Run(ctx, pool, w, charging(key, 1, &runs), o); err != nil {
+					t.Fatal(err)
+				}
+			}
+			secrets := []string{card, "tenant-secret"}
+			takeSpans(t, exporter, false, key, secrets,
+				spanWant{name: "idempotency.claim", outcome: "new", attempt: 1},
+				spanWant{name: "idempotency.complete", outcome: "stored"},
+				spanWant{name: "idempotency.claim", outcome: "replay"})
+			failed := uniqueKey(t)
+			w.Key = failed
+			Run(ctx, pool, w, func(context.Context, pgx.Tx) (int, error) { return 0, errDeclined }, o)
+			spans := []spanWant{{name: "idempotency.claim", outcome: "new", attempt: 1}}
+			if o.TwoTransactions {
+				spans = append(spans, spanWant{name: "idempotency.release", outcome: "released"})
+			}
+			takeSpans(t, exporter, false, failed, secrets, spans...)
+		})
+	}
+}
