@@ -4,6 +4,7 @@ import io.github.idempotency.ClaimLostException;
 import io.github.idempotency.ClaimRequest;
 import io.github.idempotency.ClaimResult;
 import io.github.idempotency.Fingerprint;
+import io.github.idempotency.Flow;
 import io.github.idempotency.Idempotency;
 import io.github.idempotency.IdempotencyKey;
 import io.github.idempotency.InvalidArgumentException;
@@ -230,41 +231,23 @@ public class IdempotencyFilter extends HttpFilter {
 	}
 
 	/**
-	 * Claims, asking again with the same token when the answer was lost (the connection failed, or none
-	 * could be made): the token makes a claim that did commit answer {@code new} again with the same
-	 * fence. A pool that timed out waiting for a connection is not asked again: it has waited already.
-	 * With one transaction the claim runs in a new handler's transaction, returned open (a lost answer
-	 * there means it rolled back: asked again in another).
+	 * Claims, asking again with the same token when the answer was lost ({@link Flow#askingAgain}). With
+	 * one transaction the claim runs in a new handler's transaction, returned open (a lost answer there
+	 * means it rolled back: asked again in another).
 	 */
 	private Claim claim(ClaimRequest claim) throws SQLException {
-		long wait = options.retryDelay().toMillis();
-		for (int attempt = 1; ; attempt++) {
-			RequestTransactions.RequestTransaction tx = null;
-			try {
-				if (!options.oneTransaction()) {
-					return new Claim(Idempotency.claim(dataSource, claim, options.tracer()), null, attempt > 1);
-				}
-				tx = transactions.begin();
-				return new Claim(Idempotency.claim(tx.connection(), claim, options.tracer()), tx, attempt > 1);
-			} catch (RuntimeException e) {
-				if (tx != null) {
-					tx.rollback();
-				}
-				throw e;
-			} catch (SQLException e) {
-				if (tx != null) {
-					tx.rollback();
-				}
-				if (!Idempotency.isConnectionLost(e) || attempt >= options.claimTries()
-						|| e instanceof java.sql.SQLTransientConnectionException) {
-					throw e;
-				}
-				LOG.log(Level.WARNING, "idempotency: claim " + attempt + " of " + options.claimTries()
-						+ " got no answer, asking again: " + e);
+		return Flow.askingAgain(options.claimTries(), options.retryDelay(), again -> {
+			if (!options.oneTransaction()) {
+				return new Claim(Idempotency.claim(dataSource, claim, options.tracer()), null, again);
 			}
-			sleep(wait);
-			wait *= 2;
-		}
+			RequestTransactions.RequestTransaction tx = transactions.begin();
+			try {
+				return new Claim(Idempotency.claim(tx.connection(), claim, options.tracer()), tx, again);
+			} catch (SQLException | RuntimeException e) {
+				tx.rollback();
+				throw e;
+			}
+		});
 	}
 
 	/**
@@ -400,7 +383,7 @@ public class IdempotencyFilter extends HttpFilter {
 			return false;
 		} catch (SQLException | RuntimeException e) {
 			tx.rollback();
-			if (isLost(e)) {
+			if (Flow.isLost(e)) {
 				return true; // the COMMIT was never sent: rolled back; the claim tells
 			}
 			release(ticket);
@@ -412,7 +395,7 @@ public class IdempotencyFilter extends HttpFilter {
 			tx.commit();
 		} catch (Exception e) {
 			tx.rollback();
-			if (isLost(e)) {
+			if (Flow.isLost(e)) {
 				return true;
 			}
 			release(ticket); // refused by the server (a deferred constraint): rolled back
@@ -421,16 +404,6 @@ public class IdempotencyFilter extends HttpFilter {
 			return false;
 		}
 		res.send();
-		return false;
-	}
-
-	/** Whether e, or the first SQLException among its causes, says the connection was lost. */
-	private static boolean isLost(Throwable e) {
-		for (Throwable t = e; t != null; t = t.getCause()) {
-			if (t instanceof SQLException sql) {
-				return Idempotency.isConnectionLost(sql);
-			}
-		}
 		return false;
 	}
 
@@ -464,14 +437,8 @@ public class IdempotencyFilter extends HttpFilter {
 	 * With one transaction there is nothing to free: the claim rolled back with the handler's writes.
 	 */
 	private void release(ClaimResult.New ticket) {
-		if (ticket == null || options.oneTransaction()) {
-			return;
-		}
-		try (Connection db = dataSource.getConnection()) {
-			db.setAutoCommit(true);
-			ticket.release(db);
-		} catch (SQLException | RuntimeException e) {
-			LOG.log(Level.WARNING, "idempotency: release: " + e);
+		if (!options.oneTransaction()) {
+			Flow.release(dataSource, ticket);
 		}
 	}
 
@@ -552,15 +519,6 @@ public class IdempotencyFilter extends HttpFilter {
 		}
 		res.setContentLength(json.length);
 		res.getOutputStream().write(json);
-	}
-
-	/** Sleeps ms milliseconds, keeping an interrupt. */
-	private static void sleep(long ms) {
-		try {
-			Thread.sleep(ms);
-		} catch (InterruptedException e) {
-			Thread.currentThread().interrupt();
-		}
 	}
 
 	/** A SHA-256 digest. */
