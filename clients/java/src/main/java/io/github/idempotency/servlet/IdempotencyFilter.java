@@ -139,16 +139,26 @@ public class IdempotencyFilter extends HttpFilter {
 			chain.doFilter(req, res);
 			return;
 		}
-		String key;
-		try {
-			key = IdempotencyKey.parse(Collections.list(req.getHeaders("Idempotency-Key")));
-		} catch (IllegalArgumentException e) {
-			problem(res, Problem.keyInvalid(e.getMessage()));
-			return;
+		String key = null;
+		if (options.key() == null) {
+			try {
+				key = IdempotencyKey.parse(Collections.list(req.getHeaders("Idempotency-Key")));
+			} catch (IllegalArgumentException e) {
+				problem(res, Problem.keyInvalid(e.getMessage()));
+				return;
+			}
 		}
 		byte[] body = readBody(req, res);
-		if (body == null) {
+		if (body == null || !verified(req, res, body)) {
 			return;
+		}
+		if (options.key() != null) {
+			try {
+				key = options.key().key(req, body);
+			} catch (IllegalArgumentException e) {
+				problem(res, Problem.keyInvalid(e.getMessage()));
+				return;
+			}
 		}
 		if (key == null && options.keyOptional()) {
 			run(req, res, chain, body, null);
@@ -222,6 +232,8 @@ public class IdempotencyFilter extends HttpFilter {
 		final ClaimRequest request;
 		ClaimResult.New ticket;
 		RequestTransactions.RequestTransaction tx;
+		/** What the last run stored (or tried to), for telling whether its lost COMMIT took effect. */
+		IdempotencyOptions.Stored kept;
 
 		Claimed(ClaimRequest request, ClaimResult.New ticket, RequestTransactions.RequestTransaction tx) {
 			this.request = request;
@@ -276,8 +288,8 @@ public class IdempotencyFilter extends HttpFilter {
 				return;
 			}
 			ClaimResult again = asked.result();
-			if (again instanceof ClaimResult.Replay replay && replay.statusCode() == buffered.getStatus()
-					&& java.util.Arrays.equals(replay.body(), buffered.body())) {
+			if (again instanceof ClaimResult.Replay replay && c.kept != null && replay.statusCode() == c.kept.status()
+					&& java.util.Arrays.equals(replay.body(), c.kept.body())) {
 				asked.rollback();
 				buffered.send(); // our COMMIT went through: the handler's answer, whole
 				return;
@@ -362,19 +374,22 @@ public class IdempotencyFilter extends HttpFilter {
 			throws IOException {
 		HttpServletResponse real = (HttpServletResponse) res.getResponse();
 		ClaimResult.New ticket = c == null ? null : c.ticket;
-		int status = res.getStatus();
-		if (status >= 500) {
+		IdempotencyOptions.Stored kept = c == null ? null : kept(res);
+		if (c != null) {
+			c.kept = kept;
+		}
+		if (res.getStatus() >= 500) {
 			tx.rollback();
-			abandon(c, status, res.body(), storedHeaders(real));
+			abandon(c, kept);
 			res.send();
 			return false;
 		}
 		try {
 			if (ticket != null && tx.readyToComplete()) {
 				// complete and COMMIT in one round trip; tx.commit() below then only ends the transaction
-				ticket.completeAndCommit(tx.connection(), status, res.body(), storedHeaders(real));
+				ticket.completeAndCommit(tx.connection(), kept.status(), kept.body(), kept.headers());
 			} else if (ticket != null) {
-				ticket.complete(tx.connection(), status, res.body(), storedHeaders(real));
+				ticket.complete(tx.connection(), kept.status(), kept.body(), kept.headers());
 			}
 		} catch (ClaimLostException e) {
 			tx.rollback();
@@ -412,11 +427,14 @@ public class IdempotencyFilter extends HttpFilter {
 	 * idempotency.store_server_errors on); release when that fails otherwise than by IK001. With one
 	 * transaction the claim rolled back with the rest: the 5xx is kept only with that setting on.
 	 */
-	private void abandon(Claimed c, int status, byte[] body, Map<String, List<String>> headers) {
+	private void abandon(Claimed c, IdempotencyOptions.Stored kept) {
 		if (c == null) {
 			return;
 		}
 		ClaimResult.New ticket = c.ticket;
+		int status = kept.status();
+		byte[] body = kept.body();
+		Map<String, List<String>> headers = kept.headers();
 		try (Connection db = dataSource.getConnection()) {
 			db.setAutoCommit(true);
 			if (options.oneTransaction()) {
@@ -461,6 +479,27 @@ public class IdempotencyFilter extends HttpFilter {
 			}
 		}
 		return stored;
+	}
+
+	/** True when the options' verifier accepts the request; otherwise answers 401 (nothing is claimed). */
+	private boolean verified(HttpServletRequest req, HttpServletResponse res, byte[] body) throws IOException {
+		if (options.verify() == null) {
+			return true;
+		}
+		try {
+			options.verify().verify(req, body);
+			return true;
+		} catch (Exception e) {
+			problem(res, new Problem(401, "webhook_unverified", "the request could not be verified: " + e.getMessage(), 0));
+			return false;
+		}
+	}
+
+	/** What is stored of the handler's response: as sent, or as the options' redactor makes it. */
+	private IdempotencyOptions.Stored kept(BufferedResponse res) {
+		HttpServletResponse real = (HttpServletResponse) res.getResponse();
+		IdempotencyOptions.Stored sent = new IdempotencyOptions.Stored(res.getStatus(), storedHeaders(real), res.body());
+		return options.redact() == null ? sent : options.redact().redact(sent.status(), sent.headers(), sent.body());
 	}
 
 	/** Reads the body (for the fingerprint); null when it answered instead (413, 400). */
