@@ -30,8 +30,6 @@ public final class FunctionOptions<T> {
 	private int claimTries = 3;
 	private Duration retryDelay = Duration.ofMillis(50);
 	private Tracer tracer;
-	/** Two transactions: the lease in effect, read from the database once. */
-	volatile Duration leaseInEffect;
 
 	private FunctionOptions(Type resultType) {
 		this.resultType = Objects.requireNonNull(resultType, "resultType");

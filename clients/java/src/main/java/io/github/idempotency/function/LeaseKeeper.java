@@ -8,6 +8,9 @@ import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
 import java.time.Duration;
+import java.util.Collections;
+import java.util.Map;
+import java.util.WeakHashMap;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
@@ -22,6 +25,9 @@ final class LeaseKeeper implements AutoCloseable {
 		t.setDaemon(true);
 		return t;
 	});
+
+	/** The setting idempotency.lease per pool, read once (a pool's role keeps its settings). */
+	private static final Map<DataSource, Duration> LEASE_SETTING = Collections.synchronizedMap(new WeakHashMap<>());
 
 	private final ScheduledFuture<?> renewal;
 
@@ -51,17 +57,19 @@ final class LeaseKeeper implements AutoCloseable {
 		if (options.lease() != null) {
 			return options.lease();
 		}
-		if (options.leaseInEffect == null) {
+		Duration setting = LEASE_SETTING.get(ds);
+		if (setting == null) {
 			try (Connection db = ds.getConnection(); PreparedStatement st = db.prepareStatement(
 					"SELECT (extract(epoch FROM COALESCE(pg_catalog.current_setting('idempotency.lease', true)"
 							+ "::interval, interval '60 seconds')) * 1000)::bigint")) {
 				try (ResultSet rs = st.executeQuery()) {
 					rs.next();
-					options.leaseInEffect = Duration.ofMillis(rs.getLong(1));
+					setting = Duration.ofMillis(rs.getLong(1));
 				}
 			}
+			LEASE_SETTING.put(ds, setting);
 		}
-		return options.leaseInEffect;
+		return setting;
 	}
 
 	@Override
