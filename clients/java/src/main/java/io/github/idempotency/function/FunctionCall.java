@@ -147,6 +147,7 @@ final class FunctionCall<T> {
 		}
 		T value;
 		byte[] body;
+		IdempotentRun outer = IdempotentFunction.current();
 		try (LeaseKeeper ignored = options.oneTransaction() ? null : LeaseKeeper.start(dataSource, ticket, options)) {
 			IdempotentFunction.setCurrent(new IdempotentRun(ticket, () -> checkpointConnection(tx),
 					options.oneTransaction()));
@@ -157,7 +158,7 @@ final class FunctionCall<T> {
 			failed(ticket, e);
 			throw e;
 		} finally {
-			IdempotentFunction.setCurrent(null);
+			IdempotentFunction.setCurrent(outer); // a function called inside another gives the outer run back
 		}
 		return complete(ticket, tx, value, body);
 	}
