@@ -15,7 +15,43 @@ import javax.sql.DataSource;
 public final class Flow {
 	private static final System.Logger LOG = System.getLogger(Flow.class.getName());
 
+	/** How many times work may run when each COMMIT's answer is lost and it rolled back. */
+	public static final int MAX_RUNS = 3;
+
 	private Flow() {
+	}
+
+	/** What the claim asked again after a lost COMMIT answer says. */
+	public enum AfterLostCommit {
+		/** The work's COMMIT went through: send (return) its own answer. */
+		COMMITTED,
+		/** It rolled back and this claim won again: run the work again. */
+		RUN_AGAIN,
+		/** It rolled back, and the work has run {@link #MAX_RUNS} times: give up (release the new claim). */
+		GIVE_UP,
+		/** Another answer: a duplicate's replay (it won after ours rolled back), in progress or mismatch. */
+		OTHER
+	}
+
+	/**
+	 * Reads the answer of the claim asked again (with the same token) after the answer to the work's
+	 * COMMIT was lost: a replay of exactly what the work stored means it committed.
+	 *
+	 * @param again the claim's answer
+	 * @param status the status the work stored
+	 * @param body the body the work stored
+	 * @param runs how many times the work has run
+	 * @return what to do
+	 */
+	public static AfterLostCommit afterLostCommit(ClaimResult again, int status, byte[] body, int runs) {
+		if (again instanceof ClaimResult.Replay replay && replay.statusCode() == status
+				&& java.util.Arrays.equals(replay.body(), body)) {
+			return AfterLostCommit.COMMITTED;
+		}
+		if (!(again instanceof ClaimResult.New)) {
+			return AfterLostCommit.OTHER;
+		}
+		return runs >= MAX_RUNS ? AfterLostCommit.GIVE_UP : AfterLostCommit.RUN_AGAIN;
 	}
 
 	/**

@@ -10,7 +10,6 @@ import io.github.idempotency.servlet.RequestTransactions.RequestTransaction;
 import java.lang.System.Logger.Level;
 import java.sql.Connection;
 import java.sql.SQLException;
-import java.util.Arrays;
 import javax.sql.DataSource;
 
 /** One call of an idempotent function: claim, run, complete or release, and lost answers. */
@@ -19,8 +18,6 @@ final class FunctionCall<T> {
 	/** The status of a stored result and of a stored final error. */
 	private static final int RESULT = 200;
 	private static final int FAILURE = 400;
-	/** How many times the work may run when each COMMIT's answer is lost and it rolled back. */
-	private static final int MAX_RUNS = 3;
 
 	private final DataSource dataSource;
 	private final RequestTransactions transactions;
@@ -63,15 +60,24 @@ final class FunctionCall<T> {
 				return ran.value();
 			}
 			got = askAfterLostCommit(ran);
-			if (got.result() instanceof ClaimResult.New again && runs == MAX_RUNS) {
-				got.end();
-				release(again);
-				throw new SQLException("idempotency: the connection was lost at every COMMIT; nothing was kept",
-						"08006", ran.lost());
-			}
-			if (!(got.result() instanceof ClaimResult.New)) {
-				got.end();
-				return settled(got.result(), ran);
+			switch (Flow.afterLostCommit(got.result(), RESULT, ran.body(), runs)) {
+				case COMMITTED -> {
+					got.end();
+					return ran.value();
+				}
+				case OTHER -> {
+					got.end();
+					return settled(got.result(), ran);
+				}
+				case GIVE_UP -> {
+					got.end();
+					release((ClaimResult.New) got.result());
+					throw new SQLException("idempotency: the connection was lost at every COMMIT; nothing was kept",
+							"08006", ran.lost());
+				}
+				case RUN_AGAIN -> {
+					// below
+				}
 			}
 			LOG.log(Level.WARNING, "idempotency: the function's transaction was lost before it committed; running it again");
 		}
@@ -108,12 +114,8 @@ final class FunctionCall<T> {
 		throw new IdempotentCallException.Mismatch(claim.key());
 	}
 
-	/** After a lost COMMIT, what the claim asked again says: ours committed (this run's value) or not. */
+	/** After a lost COMMIT, an answer other than ours: a duplicate's result, or the exception it says. */
 	private T settled(ClaimResult result, Ran<T> ran) throws SQLException {
-		if (result instanceof ClaimResult.Replay replay && replay.statusCode() == RESULT
-				&& Arrays.equals(replay.body(), ran.body())) {
-			return ran.value();
-		}
 		if (result instanceof ClaimResult.InProgress) {
 			throw new ClaimLostException("complete", sqlCause(ran.lost()));
 		}

@@ -51,9 +51,6 @@ public class IdempotencyFilter extends HttpFilter {
 	/** The request attribute holding the request's claim, a {@link ClaimResult.New}. */
 	public static final String CLAIM = IdempotencyFilter.class.getName() + ".claim";
 
-	/** How many times a handler may run when each COMMIT's answer is lost and it rolled back. */
-	private static final int MAX_RUNS = 3;
-
 	private final transient DataSource dataSource;
 	private final transient RequestTransactions transactions;
 	private final transient IdempotencyOptions options;
@@ -288,21 +285,22 @@ public class IdempotencyFilter extends HttpFilter {
 				return;
 			}
 			ClaimResult again = asked.result();
-			if (again instanceof ClaimResult.Replay replay && c.kept != null && replay.statusCode() == c.kept.status()
-					&& java.util.Arrays.equals(replay.body(), c.kept.body())) {
+			Flow.AfterLostCommit next = c.kept == null ? Flow.afterLostCommit(again, -1, null, runs)
+					: Flow.afterLostCommit(again, c.kept.status(), c.kept.body(), runs);
+			if (next == Flow.AfterLostCommit.COMMITTED) {
 				asked.rollback();
 				buffered.send(); // our COMMIT went through: the handler's answer, whole
 				return;
 			}
-			if (!(again instanceof ClaimResult.New ticket)) {
+			res.reset();
+			if (next == Flow.AfterLostCommit.OTHER) {
 				// One transaction: a replay here is a duplicate's, which won after ours rolled back.
 				asked.rollback();
-				res.reset();
 				answer(res, again instanceof ClaimResult.InProgress ? null : again);
 				return;
 			}
-			res.reset();
-			if (runs == MAX_RUNS) {
+			ClaimResult.New ticket = (ClaimResult.New) again;
+			if (next == Flow.AfterLostCommit.GIVE_UP) {
 				asked.rollback();
 				release(ticket);
 				problem(res, Problem.unavailable());
