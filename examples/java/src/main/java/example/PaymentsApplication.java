@@ -62,7 +62,7 @@ public class PaymentsApplication {
 	@Bean
 	@ConditionalOnExpression("'${WEBHOOK_SECRET:}' != ''")
 	FilterRegistrationBean<IdempotencyFilter> webhookFilter(DataSource dataSource,
-			PlatformTransactionManager transactionManager) {
+			PlatformTransactionManager transactionManager) throws Exception {
 		IdempotencyOptions options = Webhooks.standard(new IdempotencyOptions(),
 				new Webhook(System.getenv("WEBHOOK_SECRET")), "standard-webhooks")
 				.oneTransaction("on".equals(System.getenv("IDEMPOTENCY_ONE_TRANSACTION")));

@@ -57,6 +57,10 @@ final class AckInTransaction implements DataSource, RequestTransactions {
 			@Override
 			public void commit() {
 				ended = true;
+				Connection unclaimed = pending.get();
+				if (unclaimed != null) {
+					end(unclaimed, false); // the scheduler never acknowledged the last task: its run rolls back
+				}
 				pending.set(c);
 			}
 

@@ -25,6 +25,7 @@ class WebhooksIT {
 	static void setUp() throws Exception {
 		TestDb.sql("CREATE TABLE IF NOT EXISTS webhook_charges (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
 				+ " amount numeric NOT NULL)");
+		TestDb.sql("TRUNCATE webhook_charges");
 		pool = TestDb.pool(4);
 	}
 
