@@ -1,6 +1,17 @@
 package example;
 
+import com.standardwebhooks.Webhook;
 import io.github.idempotency.PostgresUrl;
+import io.github.idempotency.servlet.IdempotencyFilter;
+import io.github.idempotency.servlet.IdempotencyOptions;
+import io.github.idempotency.servlet.Webhooks;
+import io.github.idempotency.spring.SpringRequestTransactions;
+import jakarta.servlet.DispatcherType;
+import javax.sql.DataSource;
+import org.springframework.boot.autoconfigure.condition.ConditionalOnExpression;
+import org.springframework.boot.web.servlet.FilterRegistrationBean;
+import org.springframework.context.annotation.Bean;
+import org.springframework.transaction.PlatformTransactionManager;
 import java.math.BigDecimal;
 import java.time.Duration;
 import java.util.Map;
@@ -21,7 +32,8 @@ import org.springframework.web.bind.annotation.RestController;
  * JdbcTemplate, in the transaction the filter opened, which commits with the stored response.
  * Environment: DATABASE_URL (a libpq URI, a Unix-socket directory too: {@code ?host=/run/postgresql}),
  * PORT, IDEMPOTENCY_LEASE ("1 second"; unset: the database's {@code idempotency.lease}),
- * IDEMPOTENCY_FAIL_OPEN=on, IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
+ * IDEMPOTENCY_FAIL_OPEN=on, IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction),
+ * WEBHOOK_SECRET ("whsec_..."): also serve POST /webhooks, a Standard Webhooks receiver.
  */
 @SpringBootApplication
 public class PaymentsApplication {
@@ -39,7 +51,31 @@ public class PaymentsApplication {
 		System.setProperty("idempotency.fail-open", Boolean.toString("on".equals(System.getenv("IDEMPOTENCY_FAIL_OPEN"))));
 		System.setProperty("idempotency.one-transaction",
 				Boolean.toString("on".equals(System.getenv("IDEMPOTENCY_ONE_TRANSACTION"))));
+		System.setProperty("idempotency.url-patterns", "/payments");
 		SpringApplication.run(PaymentsApplication.class, args);
+	}
+
+	/**
+	 * POST /webhooks, when WEBHOOK_SECRET is set: a second filter, verifying each delivery with
+	 * standardwebhooks before its claim, keyed by webhook-id, scoped by the sender.
+	 */
+	@Bean
+	@ConditionalOnExpression("'${WEBHOOK_SECRET:}' != ''")
+	FilterRegistrationBean<IdempotencyFilter> webhookFilter(DataSource dataSource,
+			PlatformTransactionManager transactionManager) throws Exception {
+		IdempotencyOptions options = Webhooks.standard(new IdempotencyOptions(),
+				new Webhook(System.getenv("WEBHOOK_SECRET")), "standard-webhooks")
+				.oneTransaction("on".equals(System.getenv("IDEMPOTENCY_ONE_TRANSACTION")));
+		String lease = env("IDEMPOTENCY_LEASE", null);
+		if (lease != null) {
+			options.lease(seconds(lease));
+		}
+		FilterRegistrationBean<IdempotencyFilter> registration = new FilterRegistrationBean<>(new IdempotencyFilter(
+				dataSource, new SpringRequestTransactions(transactionManager, dataSource), options));
+		registration.setName("webhookIdempotencyFilter");
+		registration.setDispatcherTypes(DispatcherType.REQUEST);
+		registration.setUrlPatterns(java.util.List.of("/webhooks"));
+		return registration;
 	}
 
 	/** The routes. */
@@ -73,6 +109,33 @@ public class PaymentsApplication {
 				return ResponseEntity.status(500).body(Map.of("error", "card declined", "charge", id));
 			}
 			return ResponseEntity.status(201).body(Map.of("charge", id));
+		}
+	}
+
+	/** A Standard Webhooks event: charges its data.amount (after data.delay_ms) and answers 200 {"charge": id}. */
+	@RestController
+	static class WebhookReceiver {
+		private final JdbcTemplate jdbc;
+
+		WebhookReceiver(JdbcTemplate jdbc) {
+			this.jdbc = jdbc;
+		}
+
+		@PostMapping("/webhooks")
+		ResponseEntity<Map<String, Object>> receive(@RequestBody Map<String, Object> event) throws InterruptedException {
+			if (System.getenv("WEBHOOK_SECRET") == null || System.getenv("WEBHOOK_SECRET").isEmpty()) {
+				return ResponseEntity.status(404).build();
+			}
+			if (!(event.get("data") instanceof Map<?, ?> data) || !(data.get("amount") instanceof Number n)
+					|| new BigDecimal(n.toString()).signum() <= 0) {
+				return ResponseEntity.badRequest().body(Map.of("error", "data.amount must be a number above 0"));
+			}
+			if (data.get("delay_ms") instanceof Number delay) {
+				Thread.sleep(delay.longValue());
+			}
+			Long id = jdbc.queryForObject("INSERT INTO charges (amount) VALUES (?) RETURNING id", Long.class,
+					new BigDecimal(n.toString()));
+			return ResponseEntity.ok(Map.of("charge", id));
 		}
 	}
 

@@ -136,11 +136,35 @@ public final class Idempotency {
 	 *     request holds the key now)
 	 * @throws SQLException an error of the server or of the connection
 	 */
-	@SuppressWarnings("try") // the span's scope is only closed
 	public static ClaimResult.Completion keepServerError(Connection db, ClaimRequest req, int statusCode,
 			byte[] body, java.util.Map<String, java.util.List<String>> headers, Tracer tracer) throws SQLException {
+		return claimAndComplete(db, Sql.KEEP_SERVER_ERROR, req, statusCode, body, headers, tracer);
+	}
+
+	/**
+	 * For one transaction, after the work failed with an error that is kept (the idempotent function's
+	 * final errors): claims and completes in one statement that commits at once, whatever the status.
+	 *
+	 * @param db a connection in autocommit
+	 * @param req the work's claim (its lease, retention, scope)
+	 * @param statusCode the status to store
+	 * @param body the body, null for none
+	 * @param headers the headers, null or empty for none
+	 * @param tracer where the span goes; null: the global OpenTelemetry's
+	 * @return {@code STORED}, or {@code RELEASED} when another caller holds the key now
+	 * @throws SQLException an error of the server or of the connection
+	 */
+	public static ClaimResult.Completion claimAndComplete(Connection db, ClaimRequest req, int statusCode,
+			byte[] body, java.util.Map<String, java.util.List<String>> headers, Tracer tracer) throws SQLException {
+		return claimAndComplete(db, Sql.CLAIM_AND_COMPLETE, req, statusCode, body, headers, tracer);
+	}
+
+	/** Runs sql, one of Sql's claim-and-complete statements. */
+	@SuppressWarnings("try") // the span's scope is only closed
+	private static ClaimResult.Completion claimAndComplete(Connection db, String sql, ClaimRequest req, int statusCode,
+			byte[] body, java.util.Map<String, java.util.List<String>> headers, Tracer tracer) throws SQLException {
 		Span span = Telemetry.start(tracer, "complete", req.key());
-		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.KEEP_SERVER_ERROR)) {
+		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, sql)) {
 			Sql.setClaim(st, req);
 			st.setInt(6, statusCode);
 			Sql.setBytes(st, 7, body);

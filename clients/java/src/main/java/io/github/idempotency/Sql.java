@@ -37,17 +37,20 @@ final class Sql {
 			+ " FROM idempotency.claim(?, ?, ?, ?::interval, ?::interval, ?::interval, ?::uuid) c";
 
 	/**
-	 * A 5xx kept after its one transaction rolled back, claim and all: claim and complete in one
-	 * statement, only when idempotency.store_server_errors is on (no row otherwise). The claim waits
-	 * as the request's did (a duplicate's uncommitted claim no longer than that).
+	 * A response kept after its one transaction rolled back, claim and all: claim and complete in one
+	 * statement (no row when the claim is not new). The claim waits as the request's did (a duplicate's
+	 * uncommitted claim no longer than that).
 	 */
-	static final String KEEP_SERVER_ERROR = "SELECT idempotency.complete(a.key, c.fence, a.status, a.body, a.headers, a.scope)"
+	static final String CLAIM_AND_COMPLETE = "SELECT idempotency.complete(a.key, c.fence, a.status, a.body, a.headers, a.scope)"
 			+ " FROM (SELECT ?::text AS key, ?::bytea AS fingerprint, ?::text AS scope, ?::interval AS lease,"
 			+ " ?::interval AS retention, ?::int AS status, ?::bytea AS body, ?::jsonb AS headers,"
 			+ " ?::interval AS wait) a,"
 			+ " idempotency.claim(a.key, a.fingerprint, a.scope, a.lease, a.retention, a.wait) c"
-			+ " WHERE pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean"
-			+ " AND c.outcome OPERATOR(pg_catalog.=) 'new'";
+			+ " WHERE c.outcome OPERATOR(pg_catalog.=) 'new'";
+
+	/** A 5xx kept that way, only when idempotency.store_server_errors is on (no row otherwise). */
+	static final String KEEP_SERVER_ERROR = CLAIM_AND_COMPLETE
+			+ " AND pg_catalog.current_setting('idempotency.store_server_errors', true)::boolean";
 
 	/** lookup, one round trip; the lease in microseconds. */
 	static final String LOOKUP = "SELECT l.scope, l.key, l.fingerprint, l.state, l.attempt,"

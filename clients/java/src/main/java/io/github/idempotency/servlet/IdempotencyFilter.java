@@ -4,6 +4,7 @@ import io.github.idempotency.ClaimLostException;
 import io.github.idempotency.ClaimRequest;
 import io.github.idempotency.ClaimResult;
 import io.github.idempotency.Fingerprint;
+import io.github.idempotency.Flow;
 import io.github.idempotency.Idempotency;
 import io.github.idempotency.IdempotencyKey;
 import io.github.idempotency.InvalidArgumentException;
@@ -49,9 +50,6 @@ public class IdempotencyFilter extends HttpFilter {
 	public static final String CONNECTION = IdempotencyFilter.class.getName() + ".connection";
 	/** The request attribute holding the request's claim, a {@link ClaimResult.New}. */
 	public static final String CLAIM = IdempotencyFilter.class.getName() + ".claim";
-
-	/** How many times a handler may run when each COMMIT's answer is lost and it rolled back. */
-	private static final int MAX_RUNS = 3;
 
 	private final transient DataSource dataSource;
 	private final transient RequestTransactions transactions;
@@ -138,16 +136,26 @@ public class IdempotencyFilter extends HttpFilter {
 			chain.doFilter(req, res);
 			return;
 		}
-		String key;
-		try {
-			key = IdempotencyKey.parse(Collections.list(req.getHeaders("Idempotency-Key")));
-		} catch (IllegalArgumentException e) {
-			problem(res, Problem.keyInvalid(e.getMessage()));
-			return;
+		String key = null;
+		if (options.key() == null) {
+			try {
+				key = IdempotencyKey.parse(Collections.list(req.getHeaders("Idempotency-Key")));
+			} catch (IllegalArgumentException e) {
+				problem(res, Problem.keyInvalid(e.getMessage()));
+				return;
+			}
 		}
 		byte[] body = readBody(req, res);
-		if (body == null) {
+		if (body == null || !verified(req, res, body)) {
 			return;
+		}
+		if (options.key() != null) {
+			try {
+				key = options.key().key(req, body);
+			} catch (IllegalArgumentException e) {
+				problem(res, Problem.keyInvalid(e.getMessage()));
+				return;
+			}
 		}
 		if (key == null && options.keyOptional()) {
 			run(req, res, chain, body, null);
@@ -221,6 +229,8 @@ public class IdempotencyFilter extends HttpFilter {
 		final ClaimRequest request;
 		ClaimResult.New ticket;
 		RequestTransactions.RequestTransaction tx;
+		/** What the last run stored (or tried to), for telling whether its lost COMMIT took effect. */
+		IdempotencyOptions.Stored kept;
 
 		Claimed(ClaimRequest request, ClaimResult.New ticket, RequestTransactions.RequestTransaction tx) {
 			this.request = request;
@@ -230,41 +240,23 @@ public class IdempotencyFilter extends HttpFilter {
 	}
 
 	/**
-	 * Claims, asking again with the same token when the answer was lost (the connection failed, or none
-	 * could be made): the token makes a claim that did commit answer {@code new} again with the same
-	 * fence. A pool that timed out waiting for a connection is not asked again: it has waited already.
-	 * With one transaction the claim runs in a new handler's transaction, returned open (a lost answer
-	 * there means it rolled back: asked again in another).
+	 * Claims, asking again with the same token when the answer was lost ({@link Flow#askingAgain}). With
+	 * one transaction the claim runs in a new handler's transaction, returned open (a lost answer there
+	 * means it rolled back: asked again in another).
 	 */
 	private Claim claim(ClaimRequest claim) throws SQLException {
-		long wait = options.retryDelay().toMillis();
-		for (int attempt = 1; ; attempt++) {
-			RequestTransactions.RequestTransaction tx = null;
-			try {
-				if (!options.oneTransaction()) {
-					return new Claim(Idempotency.claim(dataSource, claim, options.tracer()), null, attempt > 1);
-				}
-				tx = transactions.begin();
-				return new Claim(Idempotency.claim(tx.connection(), claim, options.tracer()), tx, attempt > 1);
-			} catch (RuntimeException e) {
-				if (tx != null) {
-					tx.rollback();
-				}
-				throw e;
-			} catch (SQLException e) {
-				if (tx != null) {
-					tx.rollback();
-				}
-				if (!Idempotency.isConnectionLost(e) || attempt >= options.claimTries()
-						|| e instanceof java.sql.SQLTransientConnectionException) {
-					throw e;
-				}
-				LOG.log(Level.WARNING, "idempotency: claim " + attempt + " of " + options.claimTries()
-						+ " got no answer, asking again: " + e);
+		return Flow.askingAgain(options.claimTries(), options.retryDelay(), again -> {
+			if (!options.oneTransaction()) {
+				return new Claim(Idempotency.claim(dataSource, claim, options.tracer()), null, again);
 			}
-			sleep(wait);
-			wait *= 2;
-		}
+			RequestTransactions.RequestTransaction tx = transactions.begin();
+			try {
+				return new Claim(Idempotency.claim(tx.connection(), claim, options.tracer()), tx, again);
+			} catch (SQLException | RuntimeException e) {
+				tx.rollback();
+				throw e;
+			}
+		});
 	}
 
 	/**
@@ -293,21 +285,22 @@ public class IdempotencyFilter extends HttpFilter {
 				return;
 			}
 			ClaimResult again = asked.result();
-			if (again instanceof ClaimResult.Replay replay && replay.statusCode() == buffered.getStatus()
-					&& java.util.Arrays.equals(replay.body(), buffered.body())) {
+			Flow.AfterLostCommit next = c.kept == null ? Flow.afterLostCommit(again, -1, null, runs)
+					: Flow.afterLostCommit(again, c.kept.status(), c.kept.body(), runs);
+			if (next == Flow.AfterLostCommit.COMMITTED) {
 				asked.rollback();
 				buffered.send(); // our COMMIT went through: the handler's answer, whole
 				return;
 			}
-			if (!(again instanceof ClaimResult.New ticket)) {
+			res.reset();
+			if (next == Flow.AfterLostCommit.OTHER) {
 				// One transaction: a replay here is a duplicate's, which won after ours rolled back.
 				asked.rollback();
-				res.reset();
 				answer(res, again instanceof ClaimResult.InProgress ? null : again);
 				return;
 			}
-			res.reset();
-			if (runs == MAX_RUNS) {
+			ClaimResult.New ticket = (ClaimResult.New) again;
+			if (next == Flow.AfterLostCommit.GIVE_UP) {
 				asked.rollback();
 				release(ticket);
 				problem(res, Problem.unavailable());
@@ -379,19 +372,22 @@ public class IdempotencyFilter extends HttpFilter {
 			throws IOException {
 		HttpServletResponse real = (HttpServletResponse) res.getResponse();
 		ClaimResult.New ticket = c == null ? null : c.ticket;
-		int status = res.getStatus();
-		if (status >= 500) {
+		IdempotencyOptions.Stored kept = c == null ? null : kept(res);
+		if (c != null) {
+			c.kept = kept;
+		}
+		if (res.getStatus() >= 500) {
 			tx.rollback();
-			abandon(c, status, res.body(), storedHeaders(real));
+			abandon(c, kept);
 			res.send();
 			return false;
 		}
 		try {
 			if (ticket != null && tx.readyToComplete()) {
 				// complete and COMMIT in one round trip; tx.commit() below then only ends the transaction
-				ticket.completeAndCommit(tx.connection(), status, res.body(), storedHeaders(real));
+				ticket.completeAndCommit(tx.connection(), kept.status(), kept.body(), kept.headers());
 			} else if (ticket != null) {
-				ticket.complete(tx.connection(), status, res.body(), storedHeaders(real));
+				ticket.complete(tx.connection(), kept.status(), kept.body(), kept.headers());
 			}
 		} catch (ClaimLostException e) {
 			tx.rollback();
@@ -400,7 +396,7 @@ public class IdempotencyFilter extends HttpFilter {
 			return false;
 		} catch (SQLException | RuntimeException e) {
 			tx.rollback();
-			if (isLost(e)) {
+			if (Flow.isLost(e)) {
 				return true; // the COMMIT was never sent: rolled back; the claim tells
 			}
 			release(ticket);
@@ -412,7 +408,7 @@ public class IdempotencyFilter extends HttpFilter {
 			tx.commit();
 		} catch (Exception e) {
 			tx.rollback();
-			if (isLost(e)) {
+			if (Flow.isLost(e)) {
 				return true;
 			}
 			release(ticket); // refused by the server (a deferred constraint): rolled back
@@ -424,26 +420,19 @@ public class IdempotencyFilter extends HttpFilter {
 		return false;
 	}
 
-	/** Whether e, or the first SQLException among its causes, says the connection was lost. */
-	private static boolean isLost(Throwable e) {
-		for (Throwable t = e; t != null; t = t.getCause()) {
-			if (t instanceof SQLException sql) {
-				return Idempotency.isConnectionLost(sql);
-			}
-		}
-		return false;
-	}
-
 	/**
 	 * Hands a 5xx to complete on its own, which frees the key (or stores it with
 	 * idempotency.store_server_errors on); release when that fails otherwise than by IK001. With one
 	 * transaction the claim rolled back with the rest: the 5xx is kept only with that setting on.
 	 */
-	private void abandon(Claimed c, int status, byte[] body, Map<String, List<String>> headers) {
+	private void abandon(Claimed c, IdempotencyOptions.Stored kept) {
 		if (c == null) {
 			return;
 		}
 		ClaimResult.New ticket = c.ticket;
+		int status = kept.status();
+		byte[] body = kept.body();
+		Map<String, List<String>> headers = kept.headers();
 		try (Connection db = dataSource.getConnection()) {
 			db.setAutoCommit(true);
 			if (options.oneTransaction()) {
@@ -464,14 +453,8 @@ public class IdempotencyFilter extends HttpFilter {
 	 * With one transaction there is nothing to free: the claim rolled back with the handler's writes.
 	 */
 	private void release(ClaimResult.New ticket) {
-		if (ticket == null || options.oneTransaction()) {
-			return;
-		}
-		try (Connection db = dataSource.getConnection()) {
-			db.setAutoCommit(true);
-			ticket.release(db);
-		} catch (SQLException | RuntimeException e) {
-			LOG.log(Level.WARNING, "idempotency: release: " + e);
+		if (!options.oneTransaction()) {
+			Flow.release(dataSource, ticket);
 		}
 	}
 
@@ -494,6 +477,27 @@ public class IdempotencyFilter extends HttpFilter {
 			}
 		}
 		return stored;
+	}
+
+	/** True when the options' verifier accepts the request; otherwise answers 401 (nothing is claimed). */
+	private boolean verified(HttpServletRequest req, HttpServletResponse res, byte[] body) throws IOException {
+		if (options.verify() == null) {
+			return true;
+		}
+		try {
+			options.verify().verify(req, body);
+			return true;
+		} catch (Exception e) {
+			problem(res, new Problem(401, "webhook_unverified", "the request could not be verified: " + e.getMessage(), 0));
+			return false;
+		}
+	}
+
+	/** What is stored of the handler's response: as sent, or as the options' redactor makes it. */
+	private IdempotencyOptions.Stored kept(BufferedResponse res) {
+		HttpServletResponse real = (HttpServletResponse) res.getResponse();
+		IdempotencyOptions.Stored sent = new IdempotencyOptions.Stored(res.getStatus(), storedHeaders(real), res.body());
+		return options.redact() == null ? sent : options.redact().redact(sent.status(), sent.headers(), sent.body());
 	}
 
 	/** Reads the body (for the fingerprint); null when it answered instead (413, 400). */
@@ -552,15 +556,6 @@ public class IdempotencyFilter extends HttpFilter {
 		}
 		res.setContentLength(json.length);
 		res.getOutputStream().write(json);
-	}
-
-	/** Sleeps ms milliseconds, keeping an interrupt. */
-	private static void sleep(long ms) {
-		try {
-			Thread.sleep(ms);
-		} catch (InterruptedException e) {
-			Thread.currentThread().interrupt();
-		}
 	}
 
 	/** A SHA-256 digest. */

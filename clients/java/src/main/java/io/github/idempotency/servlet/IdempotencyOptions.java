@@ -24,6 +24,60 @@ public final class IdempotencyOptions {
 	private Tracer tracer;
 	private boolean oneTransaction;
 	private Duration claimWait;
+	private KeySource key;
+	private Verifier verify;
+	private Redactor redact;
+
+	/** Where a request's key is: {@link Webhooks#standard} and {@link Webhooks#bodyKey} give some. */
+	@FunctionalInterface
+	public interface KeySource {
+		/**
+		 * The key of a request.
+		 *
+		 * @param request the request
+		 * @param body its body, read whole
+		 * @return the key; null when the request has none
+		 * @throws IllegalArgumentException when the key is malformed (400)
+		 */
+		String key(HttpServletRequest request, byte[] body);
+	}
+
+	/** Checks that a request is authentic (a webhook's signature) before anything is claimed. */
+	@FunctionalInterface
+	public interface Verifier {
+		/**
+		 * Checks the request.
+		 *
+		 * @param request the request
+		 * @param body its body, read whole
+		 * @throws Exception when it is not authentic: 401, nothing claimed
+		 */
+		void verify(HttpServletRequest request, byte[] body) throws Exception;
+	}
+
+	/** What is stored of a response: the live response is sent as the handler made it. */
+	@FunctionalInterface
+	public interface Redactor {
+		/**
+		 * The response as a replay will send it.
+		 *
+		 * @param status the status
+		 * @param headers the headers the filter would store (a name to its values)
+		 * @param body the body
+		 * @return what to store
+		 */
+		Stored redact(int status, java.util.Map<String, List<String>> headers, byte[] body);
+	}
+
+	/**
+	 * A response as stored.
+	 *
+	 * @param status the status (a 5xx is not stored)
+	 * @param headers the headers
+	 * @param body the body
+	 */
+	public record Stored(int status, java.util.Map<String, List<String>> headers, byte[] body) {
+	}
 
 	/** @return the methods that take a key (default POST, PATCH) */
 	public List<String> methods() {
@@ -235,5 +289,50 @@ public final class IdempotencyOptions {
 			throw new IllegalArgumentException(name + " must be positive");
 		}
 		return d;
+	}
+
+	/** @return where the key is read from; null: the Idempotency-Key header */
+	public KeySource key() {
+		return key;
+	}
+
+	/**
+	 * @param key where the key is read from (a webhook's id); null (the default): the Idempotency-Key
+	 *     header
+	 * @return this
+	 */
+	public IdempotencyOptions key(KeySource key) {
+		this.key = key;
+		return this;
+	}
+
+	/** @return what checks a request before its claim; null for nothing */
+	public Verifier verify() {
+		return verify;
+	}
+
+	/**
+	 * @param verify checks each covered request before its claim (a webhook's signature): a request it
+	 *     refuses is answered 401 and nothing is claimed
+	 * @return this
+	 */
+	public IdempotencyOptions verify(Verifier verify) {
+		this.verify = verify;
+		return this;
+	}
+
+	/** @return what turns a response into what is stored; null: stored as sent */
+	public Redactor redact() {
+		return redact;
+	}
+
+	/**
+	 * @param redact given the status, the headers to store and the body, returns what to store (a card
+	 *     number masked): the live response is unchanged, a replay sends what was stored
+	 * @return this
+	 */
+	public IdempotencyOptions redact(Redactor redact) {
+		this.redact = redact;
+		return this;
 	}
 }
