@@ -900,12 +900,15 @@ RETURNS idempotency.claim_result
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
--- claim()'s work, as the table's owner for the role of the token.  The hot path: a new key, or a replay of the caller's own record, with the
+-- claim()'s work, as the table's owner for the role of the token.  The
+-- hot path: a new key, or a replay of the caller's own record, with the
 -- default lease and retention (unset, or set as the C edition shows its
--- defaults: its library may be loaded too), no wait, in READ COMMITTED.  A PL/pgSQL
--- function prepares each of its expressions again in every transaction:
--- this one has few, and leaves every other case to __claim_hot.  (ON CONFLICT
--- names the primary key's columns, which the arguments would shadow.)
+-- defaults: its library may be loaded too), no wait, in READ COMMITTED.
+-- PL/pgSQL prepares each expression again in every transaction, and the
+-- executor sets up each node and function of a statement at every call
+-- (bench/instructions counts them): this has few, and leaves every other
+-- case to _claim.  (ON CONFLICT names the primary key's columns, which the
+-- arguments would shadow.)
 #variable_conflict use_column
 DECLARE
 	caller regrole := me[1]::oid::regrole;
@@ -930,15 +933,17 @@ BEGIN
 		RETURN idempotency._claim(me, _claim_hot.key, _claim_hot.fingerprint, _claim_hot.scope, _claim_hot.lease,
 								  _claim_hot.retention, _claim_hot.wait, _claim_hot.token);
 	END IF;
-	-- Whether FORCE ROW LEVEL SECURITY binds the table (_claim refuses it),
-	-- and the caller's record of (scope, key): one row whatever there is,
-	-- so one statement tells both.  A record of another role, or a second
-	-- one, is _claim's to order (the first row is taken, in index order).
-	SELECT r.relrowsecurity AND r.relforcerowsecurity AS forced,
-		   k.owner OPERATOR(pg_catalog.=) caller AS own,
-		   k.fingerprint OPERATOR(pg_catalog.=) _claim_hot.fingerprint AS same_fp,
-		   k.state OPERATOR(pg_catalog.=) 'completed'
-			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS live_completed,
+	-- The caller's record of (scope, key), and whether FORCE ROW LEVEL
+	-- SECURITY binds the table (_claim refuses it): one row whatever there
+	-- is, so one statement tells both.  A record of another role, or a
+	-- second one, is _claim's to order (the first row is taken, in index
+	-- order).
+	SELECT NOT (r.relrowsecurity AND r.relforcerowsecurity) AND k.owner IS NULL AS absent,
+		   NOT (r.relrowsecurity AND r.relforcerowsecurity)
+			 AND k.owner OPERATOR(pg_catalog.=) caller
+			 AND k.fingerprint OPERATOR(pg_catalog.=) _claim_hot.fingerprint
+			 AND k.state OPERATOR(pg_catalog.=) 'completed'
+			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS replay,
 		   k.status_code, k.headers, k.body, k.created_at
 	INTO rec
 	FROM pg_catalog.pg_class r
@@ -947,9 +952,7 @@ BEGIN
 	   AND k.scope OPERATOR(pg_catalog.=) p_scope
 	   AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
 	WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
-	IF rec.forced THEN
-		NULL;
-	ELSIF rec.own IS NULL THEN
+	IF rec.absent THEN
 		-- No record: one INSERT, which the primary key settles (waiting, as
 		-- it does, for a transaction inserting the same record).  The clock
 		-- is read after the read: a lease starts when it is won.
@@ -965,7 +968,7 @@ BEGIN
 		IF new_fence IS NOT NULL THEN
 			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, now)::idempotency.claim_result;
 		END IF;
-	ELSIF rec.own AND rec.same_fp AND rec.live_completed THEN
+	ELSIF rec.replay THEN
 		RETURN ROW('replay', NULL, NULL, rec.status_code, rec.headers, rec.body, NULL, NULL, NULL,
 				   rec.created_at)::idempotency.claim_result;
 	END IF;
@@ -1103,7 +1106,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 -- complete()'s work, as the table's owner for the role of the token.  The
--- hot path, as claim's: few expressions, the rest in __complete_hot.
+-- hot path, as claim's: few expressions, the rest in _complete.
 DECLARE
 	caller regrole := me[1]::oid::regrole;
 	p_scope text COLLATE "C" := COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '');
