@@ -132,23 +132,23 @@ CREATE DOMAIN idempotency._caller_token AS bigint[]
 COMMENT ON DOMAIN idempotency._caller_token IS
 	'internal: {role, backend, statement start}: the role of the code that made it, in the statement that made it';
 
--- Where and when a token holds: this backend, the start of this statement
--- (in microseconds since 1970; date_part's float8, cheaper than EXTRACT's
--- numeric, rounds each microsecond to itself).
-CREATE FUNCTION idempotency._here()
-RETURNS bigint[]
+-- The start of this statement, in microseconds since 1970, as a token
+-- holds it (date_part's float8, cheaper than EXTRACT's numeric, rounds each
+-- microsecond to itself).
+CREATE FUNCTION idempotency._statement_start()
+RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
-RETURN ARRAY[pg_catalog.pg_backend_pid()::bigint,
-	(pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) OPERATOR(pg_catalog.*) 1000000)::bigint];
-COMMENT ON FUNCTION idempotency._here() IS
-	'internal: this backend and the start of this statement, as a token holds them';
+RETURN (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) OPERATOR(pg_catalog.*) 1000000)::bigint;
+COMMENT ON FUNCTION idempotency._statement_start() IS
+	'internal: the start of this statement, as a token holds it';
 
--- The token of the calling code: its current_user, here and now.
+-- The token of the calling code: its current_user, this backend, the
+-- start of this statement.
 CREATE FUNCTION idempotency._me()
 RETURNS idempotency._caller_token
 LANGUAGE sql STABLE PARALLEL SAFE
-RETURN (ARRAY[pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole::pg_catalog.oid::bigint]
-	OPERATOR(pg_catalog.||) idempotency._here())::idempotency._caller_token;
+RETURN ARRAY[pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole::pg_catalog.oid::bigint,
+	pg_catalog.pg_backend_pid(), idempotency._statement_start()]::idempotency._caller_token;
 COMMENT ON FUNCTION idempotency._me() IS
 	'internal: a token of the calling role, for the API''s work';
 
@@ -159,7 +159,8 @@ CREATE FUNCTION idempotency._token_holds(me idempotency._caller_token)
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN COALESCE(me[1] IS NOT NULL
-	AND me[2:3] OPERATOR(pg_catalog.=) idempotency._here(), false);
+	AND me[2] OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+	AND me[3] OPERATOR(pg_catalog.=) idempotency._statement_start(), false);
 COMMENT ON FUNCTION idempotency._token_holds(idempotency._caller_token) IS
 	'internal: whether a token names its role now';
 
