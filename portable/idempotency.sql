@@ -108,21 +108,6 @@ FROM ONLY idempotency.keys k WHERE false;
 COMMENT ON VIEW idempotency._column_types IS
 	'internal: keeps the types of the columns of idempotency.keys from being changed';
 
--- Draws a fence: the claims of every role take theirs from one sequence,
--- which no application role may use itself.  Every name in it is
--- qualified, so it needs no search_path of its own (whose SET would cost
--- every claim a search_path change).
-CREATE FUNCTION idempotency._next_fence()
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-AS $$
-BEGIN
-	RETURN pg_catalog.nextval('idempotency.fence_seq'::pg_catalog.regclass);
-END
-$$;
-COMMENT ON FUNCTION idempotency._next_fence() IS
-	'internal: the next fencing token, drawn as the sequence''s owner';
-
 -- Who calls: the role whose privileges the calling code has, as a token
 -- that only code running as that role can make.  The API's functions run
 -- with their caller's rights only to make it (idempotency._me()), and hand
@@ -143,25 +128,35 @@ CREATE DOMAIN idempotency._caller_token AS bigint[]
 COMMENT ON DOMAIN idempotency._caller_token IS
 	'internal: {role, backend, statement start}: the role of the code that made it, in the statement that made it';
 
+-- The start of this statement, in microseconds since 1970, as a token
+-- holds it (date_part's float8, cheaper than EXTRACT's numeric, rounds each
+-- microsecond to itself).
+CREATE FUNCTION idempotency._statement_start()
+RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) OPERATOR(pg_catalog.*) 1000000)::bigint;
+COMMENT ON FUNCTION idempotency._statement_start() IS
+	'internal: the start of this statement, as a token holds it';
+
 -- The token of the calling code: its current_user, this backend, the
--- start of this statement (in microseconds since 1970).
+-- start of this statement.
 CREATE FUNCTION idempotency._me()
 RETURNS idempotency._caller_token
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN ARRAY[pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole::pg_catalog.oid::bigint,
-	pg_catalog.pg_backend_pid(),
-	(EXTRACT(epoch FROM pg_catalog.statement_timestamp()) OPERATOR(pg_catalog.*) 1000000)::bigint
-	]::idempotency._caller_token;
+	pg_catalog.pg_backend_pid(), idempotency._statement_start()]::idempotency._caller_token;
 COMMENT ON FUNCTION idempotency._me() IS
 	'internal: a token of the calling role, for the API''s work';
 
 -- Whether a token was made in this statement of this backend, and so names
--- the role of the code that made it.
+-- the role of the code that made it.  (Not through _me(): the work runs as
+-- the table's owner, whose token it would make and check for nothing.)
 CREATE FUNCTION idempotency._token_holds(me idempotency._caller_token)
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN COALESCE(me[1] IS NOT NULL
-	AND me[2:3] OPERATOR(pg_catalog.=) (idempotency._me())[2:3], false);
+	AND me[2] OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+	AND me[3] OPERATOR(pg_catalog.=) idempotency._statement_start(), false);
 COMMENT ON FUNCTION idempotency._token_holds(idempotency._caller_token) IS
 	'internal: whether a token names its role now';
 
@@ -764,7 +759,7 @@ BEGIN
 
 		-- The clock after the read: a lease starts when it is won.
 		now := clock_timestamp();
-		new_fence := idempotency._next_fence();
+		new_fence := pg_catalog.nextval('idempotency.fence_seq'::pg_catalog.regclass);
 		IF step OPERATOR(pg_catalog.=) 'insert' THEN
 			-- Waits, as the primary key makes it, for a transaction that is
 			-- inserting the same record; with wait, at most until the deadline.
@@ -906,78 +901,75 @@ RETURNS idempotency.claim_result
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
--- claim()'s work, as the table's owner for the role of the token.  The hot path: a new key, or a replay of the caller's own record, with the
+-- claim()'s work, as the table's owner for the role of the token.  The
+-- hot path: a new key, or a replay of the caller's own record, with the
 -- default lease and retention (unset, or set as the C edition shows its
--- defaults: its library may be loaded too), no wait, in READ COMMITTED.  A PL/pgSQL
--- function prepares each of its expressions again in every transaction:
--- this one has few, and leaves every other case to __claim_hot.  (ON CONFLICT
--- names the primary key's columns, which the arguments would shadow.)
+-- defaults: its library may be loaded too), no wait, in READ COMMITTED.
+-- PL/pgSQL prepares each expression again in every transaction, and the
+-- executor sets up each node and function of a statement at every call
+-- (bench/instructions counts them): this has few, and leaves every other
+-- case to _claim.  (ON CONFLICT names the primary key's columns, which the
+-- arguments would shadow.)
 #variable_conflict use_column
 DECLARE
 	caller regrole := me[1]::oid::regrole;
+	p_scope text COLLATE "C" := COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), '');
 	rec record;
 	new_fence bigint;
-	new_created_at timestamptz;
+	now timestamptz;
 BEGIN
 	IF _claim_hot.key IS NULL OR octet_length(_claim_hot.key) OPERATOR(pg_catalog.>) 255
 	   OR _claim_hot.key OPERATOR(pg_catalog.=) '' OR _claim_hot.key OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR _claim_hot.fingerprint IS NULL OR octet_length(_claim_hot.fingerprint) OPERATOR(pg_catalog.>) 64
 	   OR octet_length(_claim_hot.fingerprint) OPERATOR(pg_catalog.=) 0
-	   OR octet_length(COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
-	   OR COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), '')
-		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR octet_length(p_scope) OPERATOR(pg_catalog.>) 255 OR p_scope OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR _claim_hot.lease IS NOT NULL OR _claim_hot.retention IS NOT NULL OR _claim_hot.wait IS NOT NULL
 	   OR COALESCE(current_setting('idempotency.lease', true), '1min') OPERATOR(pg_catalog.<>) '1min'
 	   OR COALESCE(current_setting('idempotency.retention', true), '1d') OPERATOR(pg_catalog.<>) '1d'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
 	   OR current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
-	   OR NOT idempotency._token_holds(me) THEN
+	   OR NOT idempotency._token_holds(me)
+	   OR (pg_has_role(caller, 'pg_monitor', 'USAGE')
+		   AND NOT has_table_privilege(caller, 'idempotency.keys'::pg_catalog.regclass, 'SELECT')) THEN
 		RETURN idempotency._claim(me, _claim_hot.key, _claim_hot.fingerprint, _claim_hot.scope, _claim_hot.lease,
 								  _claim_hot.retention, _claim_hot.wait, _claim_hot.token);
 	END IF;
-	-- The caller's record of (scope, key), its own first (see _claim), and
-	-- whether _claim has to check more (FORCE ROW LEVEL SECURITY, a
-	-- pg_monitor member's right to the API).  Each is a few plan nodes the
-	-- executor sets up at every call: no join, no subquery.
-	SELECT k.owner OPERATOR(pg_catalog.=) caller AS own,
-		   k.fingerprint OPERATOR(pg_catalog.=) _claim_hot.fingerprint AS same_fp,
-		   k.state OPERATOR(pg_catalog.=) 'completed'
-			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS live_completed,
-		   k.status_code, k.headers, k.body, k.created_at,
-		   (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
-				   OR (pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT has_table_privilege(caller, r.oid, 'SELECT'))
-			FROM pg_catalog.pg_class r
-			WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) AS check_more
+	-- The caller's record of (scope, key), and whether FORCE ROW LEVEL
+	-- SECURITY binds the table (_claim refuses it): one row whatever there
+	-- is, so one statement tells both.  A record of another role, or a
+	-- second one, is _claim's to order (the first row is taken, in index
+	-- order).
+	SELECT NOT (r.relrowsecurity AND r.relforcerowsecurity) AND k.owner IS NULL AS absent,
+		   NOT (r.relrowsecurity AND r.relforcerowsecurity)
+			 AND k.owner OPERATOR(pg_catalog.=) caller
+			 AND k.fingerprint OPERATOR(pg_catalog.=) _claim_hot.fingerprint
+			 AND k.state OPERATOR(pg_catalog.=) 'completed'
+			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS replay,
+		   k.status_code, k.headers, k.body, k.created_at
 	INTO rec
-	FROM ONLY idempotency.keys k
-	WHERE k.key OPERATOR(pg_catalog.=) (_claim_hot.key COLLATE "C")
-	  AND k.scope OPERATOR(pg_catalog.=)
-		  (COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
-	  AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
-	ORDER BY k.owner OPERATOR(pg_catalog.<>) caller
-	LIMIT 1;
-	IF NOT FOUND THEN
+	FROM pg_catalog.pg_class r
+	LEFT JOIN ONLY idempotency.keys k
+		ON k.key OPERATOR(pg_catalog.=) (_claim_hot.key COLLATE "C")
+	   AND k.scope OPERATOR(pg_catalog.=) p_scope
+	   AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
+	WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
+	IF rec.absent THEN
 		-- No record: one INSERT, which the primary key settles (waiting, as
-		-- it does, for a transaction inserting the same record); none when
-		-- _claim has more to check.  The clock is read after the read: a
-		-- lease starts when it is won.
+		-- it does, for a transaction inserting the same record).  The clock
+		-- is read after the read: a lease starts when it is won.
+		now := clock_timestamp();
 		INSERT INTO idempotency.keys AS k (fence, created_at, expires_at, attempt, owner,
 			lease, lease_expires_at, state, scope, key, fingerprint, token)
-		SELECT idempotency._next_fence(), t.now, t.now OPERATOR(pg_catalog.+) '24h'::interval, 1, caller,
-			'60s'::interval, t.now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress',
-			COALESCE(_claim_hot.scope, current_setting('idempotency.scope', true), ''),
-			_claim_hot.key, _claim_hot.fingerprint, _claim_hot.token
-		FROM (SELECT clock_timestamp() AS now) t
-		WHERE NOT (SELECT (r.relrowsecurity AND r.relforcerowsecurity)
-						  OR (pg_has_role(caller, 'pg_monitor', 'USAGE') AND NOT has_table_privilege(caller, r.oid, 'SELECT'))
-				   FROM pg_catalog.pg_class r
-				   WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass)
+		VALUES (pg_catalog.nextval('idempotency.fence_seq'::pg_catalog.regclass), now,
+			now OPERATOR(pg_catalog.+) '24h'::interval, 1, caller, '60s'::interval,
+			now OPERATOR(pg_catalog.+) '60s'::interval, 'in_progress', p_scope,
+			_claim_hot.key, _claim_hot.fingerprint, _claim_hot.token)
 		ON CONFLICT (key, scope, owner) DO NOTHING
-		RETURNING k.fence, k.created_at INTO new_fence, new_created_at;
+		RETURNING k.fence INTO new_fence;
 		IF new_fence IS NOT NULL THEN
-			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, new_created_at)::idempotency.claim_result;
+			RETURN ROW('new', new_fence, 1, NULL, NULL, NULL, NULL, NULL, NULL, now)::idempotency.claim_result;
 		END IF;
-	ELSIF rec.own AND rec.same_fp AND rec.live_completed AND NOT rec.check_more THEN
+	ELSIF rec.replay THEN
 		RETURN ROW('replay', NULL, NULL, rec.status_code, rec.headers, rec.body, NULL, NULL, NULL,
 				   rec.created_at)::idempotency.claim_result;
 	END IF;
@@ -986,8 +978,9 @@ BEGIN
 END
 $$;
 -- The API's functions make the caller's token with its rights and hand
--- their arguments to their work; every name in them is qualified, so they
--- need no search_path of their own.
+-- their arguments to their work: one SQL expression, which the planner
+-- puts in the calling query (inlines), so that a call costs no function
+-- of its own; its names were bound when it was created.
 CREATE FUNCTION idempotency.claim(
 	key text,
 	fingerprint bytea,
@@ -997,12 +990,8 @@ CREATE FUNCTION idempotency.claim(
 	wait interval DEFAULT NULL,
 	token uuid DEFAULT NULL)
 RETURNS idempotency.claim_result
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-AS $$
-BEGIN
-	RETURN idempotency._claim_hot(idempotency._me(), key, fingerprint, scope, lease, retention, wait, token);
-END
-$$;
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idempotency._claim_hot(idempotency._me(), key, fingerprint, scope, lease, retention, wait, token);
 COMMENT ON FUNCTION idempotency._claim(idempotency._caller_token, text, bytea, text, interval, interval, interval, uuid) IS
 	'internal: claim() in full, for all but its hot path';
 COMMENT ON FUNCTION idempotency._claim_hot(idempotency._caller_token, text, bytea, text, interval, interval, interval, uuid) IS
@@ -1118,9 +1107,10 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 -- complete()'s work, as the table's owner for the role of the token.  The
--- hot path, as claim's: few expressions, the rest in __complete_hot.
+-- hot path, as claim's: few expressions, the rest in _complete.
 DECLARE
 	caller regrole := me[1]::oid::regrole;
+	p_scope text COLLATE "C" := COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '');
 	now timestamptz;
 BEGIN
 	IF _complete_hot.key IS NULL OR octet_length(_complete_hot.key) OPERATOR(pg_catalog.>) 255
@@ -1128,9 +1118,7 @@ BEGIN
 	   OR _complete_hot.fence IS NULL OR _complete_hot.status_code IS NULL
 	   OR _complete_hot.status_code OPERATOR(pg_catalog.<) 100 OR _complete_hot.status_code OPERATOR(pg_catalog.>) 499
 	   OR _complete_hot.headers IS NOT NULL
-	   OR octet_length(COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '')) OPERATOR(pg_catalog.>) 255
-	   OR COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '')
-		  OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
+	   OR octet_length(p_scope) OPERATOR(pg_catalog.>) 255 OR p_scope OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f\u0080-\u009f]'
 	   OR octet_length(_complete_hot.body) OPERATOR(pg_catalog.>) 1048576
 	   OR COALESCE(current_setting('idempotency.max_response_bytes', true), '1MB') OPERATOR(pg_catalog.<>) '1MB'
 	   OR current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
@@ -1145,8 +1133,7 @@ BEGIN
 	SET state = 'completed', status_code = _complete_hot.status_code, headers = NULL, body = _complete_hot.body,
 		completed_at = now, lease_expires_at = NULL, lease = NULL, token = NULL
 	WHERE k.key OPERATOR(pg_catalog.=) (_complete_hot.key COLLATE "C")
-	  AND k.scope OPERATOR(pg_catalog.=)
-		  (COALESCE(_complete_hot.scope, current_setting('idempotency.scope', true), '') COLLATE "C")
+	  AND k.scope OPERATOR(pg_catalog.=) p_scope
 	  AND k.fence OPERATOR(pg_catalog.=) _complete_hot.fence
 	  AND k.state OPERATOR(pg_catalog.=) 'in_progress'
 	  AND NOT (k.expires_at OPERATOR(pg_catalog.<=) now AND k.lease_expires_at OPERATOR(pg_catalog.<=) now)
@@ -1165,12 +1152,8 @@ CREATE FUNCTION idempotency.complete(
 	headers jsonb DEFAULT NULL,
 	scope text DEFAULT NULL)
 RETURNS text
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-AS $$
-BEGIN
-	RETURN idempotency._complete_hot(idempotency._me(), key, fence, status_code, body, headers, scope);
-END
-$$;
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idempotency._complete_hot(idempotency._me(), key, fence, status_code, body, headers, scope);
 COMMENT ON FUNCTION idempotency._complete(idempotency._caller_token, text, bigint, integer, bytea, jsonb, text) IS
 	'internal: complete() in full, for all but its hot path';
 COMMENT ON FUNCTION idempotency._complete_hot(idempotency._caller_token, text, bigint, integer, bytea, jsonb, text) IS
@@ -1211,12 +1194,8 @@ CREATE FUNCTION idempotency.release(
 	fence bigint,
 	scope text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-AS $$
-BEGIN
-	RETURN idempotency._release(idempotency._me(), key, fence, scope);
-END
-$$;
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idempotency._release(idempotency._me(), key, fence, scope);
 COMMENT ON FUNCTION idempotency._release(idempotency._caller_token, text, bigint, text) IS
 	'internal: release()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.release(text, bigint, text) IS
@@ -1274,12 +1253,8 @@ CREATE FUNCTION idempotency.extend(
 	lease interval DEFAULT NULL,
 	scope text DEFAULT NULL)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-AS $$
-BEGIN
-	RETURN idempotency._extend(idempotency._me(), key, fence, lease, scope);
-END
-$$;
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idempotency._extend(idempotency._me(), key, fence, lease, scope);
 COMMENT ON FUNCTION idempotency._extend(idempotency._caller_token, text, bigint, interval, text) IS
 	'internal: extend()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.extend(text, bigint, interval, text) IS
@@ -1345,12 +1320,8 @@ CREATE FUNCTION idempotency.checkpoint(
 	recovery_state jsonb DEFAULT NULL,
 	scope text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-AS $$
-BEGIN
-	PERFORM idempotency._checkpoint(idempotency._me(), key, fence, recovery_point, recovery_state, scope);
-END
-$$;
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idempotency._checkpoint(idempotency._me(), key, fence, recovery_point, recovery_state, scope);
 COMMENT ON FUNCTION idempotency._checkpoint(idempotency._caller_token, text, bigint, text, jsonb, text) IS
 	'internal: checkpoint()''s work, as the table''s owner for the caller';
 COMMENT ON FUNCTION idempotency.checkpoint(text, bigint, text, jsonb, text) IS
@@ -1520,12 +1491,8 @@ COMMENT ON FUNCTION idempotency._reap(idempotency._caller_token, integer) IS
 
 CREATE FUNCTION idempotency.reap(batch integer DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-AS $$
-BEGIN
-	RETURN idempotency._reap(idempotency._me(), batch);
-END
-$$;
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idempotency._reap(idempotency._me(), batch);
 COMMENT ON FUNCTION idempotency.reap(integer) IS
 	'Deletes up to batch expired records, oldest first; returns how many';
 

@@ -39,6 +39,10 @@ EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
 SELECT key FROM idempotency.keys WHERE key = 'pr-1' AND scope = 'pr';
 EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
 SELECT * FROM idempotency.lookup('pr-1', scope => 'pr');
+-- claim is one expression, which the planner puts in the calling query:
+-- a call runs one function, its work, and no wrapper of its own
+EXPLAIN (COSTS OFF)
+SELECT * FROM idempotency.claim('pr-1', '\x01', scope => 'pr');
 -- nor can she lock them, in any mode (a lock held idle would stall every
 -- role's calls and the reap); a pg_monitor member neither
 BEGIN;
