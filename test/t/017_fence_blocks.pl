@@ -108,6 +108,27 @@ is("$outcome $attempt", 'new 2', 'the ended lease is taken over');
 cmp_ok($taken, '>', $short, 'with a fence above the first owner\'s');
 cmp_ok($taken, '<=', seq_value('postgres'), 'and not above the sequence');
 
+# Concurrent claims, with a DBA's nextval now and then (each ends the block
+# in use): every fence and every value the DBA drew is distinct, and none
+# is above the sequence.
+my $dir = PostgreSQL::Test::Utils::tempdir;
+PostgreSQL::Test::Utils::append_to_file("$dir/claim.sql", q{
+INSERT INTO drawn SELECT fence FROM idempotency.claim(pg_catalog.gen_random_uuid()::text, '\x01')
+	WHERE outcome OPERATOR(pg_catalog.=) 'new';
+});
+PostgreSQL::Test::Utils::append_to_file("$dir/nextval.sql",
+	q{INSERT INTO drawn VALUES (pg_catalog.nextval('idempotency.fence_seq'));});
+$node->safe_psql('postgres', 'CREATE TABLE drawn (f bigint NOT NULL)');
+$node->command_ok(
+	[ 'pgbench', '-n', '-c', '4', '-j', '2', '-t', '300', '-f', "$dir/claim.sql\@20",
+		'-f', "$dir/nextval.sql\@1", 'postgres' ],
+	'4 clients claim 1200 times, with a nextval of the fence sequence now and then');
+is($node->safe_psql('postgres', q{
+	SELECT count(*) = 1200, count(*) = count(DISTINCT f),
+		max(f) <= (SELECT last_value FROM idempotency.fence_seq)
+	FROM drawn}),
+	't|t|t', 'every fence and nextval is distinct, and none is above the sequence');
+
 # Two databases, each its own sequence and block.
 $node->safe_psql('postgres', 'CREATE DATABASE second');
 $node->safe_psql('second', 'CREATE EXTENSION idempotency');
