@@ -12,8 +12,8 @@
  * that one durable write of the sequence covers FENCE_BLOCK claims.  A
  * block is drawn by advancing the sequence past it (nextval, then setval to
  * the block's last fence: a WAL record of that exact value), and a fence
- * of the block is handed out only once that record is flushed, and is at the
- * synchronous standbys where synchronous replication is in force.  The
+ * of the block is handed out only once that record is flushed, and has
+ * reached the synchronous standbys where synchronous replication is in force.  The
  * locking protocol:
  *
  * - A draw from a block first takes the sequence's heavyweight lock
@@ -33,8 +33,9 @@
  *   that takes a fence of the block (at once when the WAL is already
  *   there), so no backend waits for the WAL or a standby while holding the
  *   LWLock, and none hands out a fence that is not yet durable.
- * - Buffer locks of the sequence are only ever taken under the LWLock, not
- *   the other way round.
+ * - This file takes the sequence's buffer lock only while it holds the
+ *   LWLock, never the other way round, and nextval and setval take no
+ *   LWLock of ours: no deadlock between the two.
  *
  * A fence of the block is at least the at_least asked for (a takeover's old
  * fence + 1; Citus's floors): a block that does not reach it is replaced by
@@ -53,8 +54,8 @@
  */
 #include "postgres.h"
 
-#include "access/relation.h"
 #include "access/htup_details.h"
+#include "access/relation.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
