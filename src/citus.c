@@ -394,9 +394,14 @@ idem_citus_locate(IdemCall *call, const char *function, text *scope, bool scope_
 		/* 22P02, before anything is read or written, for a scope of another type. */
 		if (!keys_distributed(call->rel.relid))
 		{
+			/* A scope of another type than text is read by its type's input function. */
+			if (!call->rel.scope.is_text)
+				idem_call_restrict(call);
 			call->scope = idem_scope_value(&call->rel, scope);
 			return;
 		}
+		/* Citus's code runs from here on. */
+		idem_call_restrict(call);
 		if (scope_omitted)
 			null_scope_error();
 		check_scope_type(&call->rel);

@@ -100,7 +100,7 @@ typedef struct ClaimArgs
 	Interval   *lease;
 	Interval   *retention;
 	pg_uuid_t  *token;			/* NULL when none */
-	uint64		keyhash;
+	uint64		keyhash;		/* 0 when the claim does not wait */
 } ClaimArgs;
 
 typedef struct ClaimResult
@@ -283,6 +283,8 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 					 errmsg("could not serialize access due to concurrent update")));
 		if (step == STEP_ANSWER)
 			return;
+		/* Beyond an answer read from the key index: owner.c. */
+		idem_call_restrict(call);
 		if (step == STEP_RESUME)
 		{
 			TransactionId writer;
@@ -456,6 +458,7 @@ claim_and_wait(const ClaimArgs *a, IdemCall *call, double wait_ms, TimestampTz *
 			break;
 		if (!prepared)
 		{
+			idem_call_restrict(call);
 			/* Look once more after registering, so no wake-up falls between. */
 			idem_wait_prepare(a->keyhash);
 			prepared = true;
@@ -520,9 +523,11 @@ idempotency_claim(PG_FUNCTION_ARGS)
 	if (IsolationUsesXactSnapshot())
 		wait_ms = 0;
 
-	idem_call_begin(&call);
+	/* A replay, a mismatch or an in_progress answer only reads the key index. */
+	idem_call_begin_read(&call);
 	idem_citus_locate(&call, "idempotency.claim()", a.scope, PG_ARGISNULL(2));
-	a.keyhash = idem_key_hash(&call.rel.scope, call.scope, a.key);
+	/* Where a waiting claim sleeps: only a claim that may wait needs it. */
+	a.keyhash = wait_ms > 0 ? idem_key_hash(&call.rel.scope, call.scope, a.key) : 0;
 	idem_citus_floor_fences();
 	waited = claim_and_wait(&a, &call, wait_ms, &now, &r);
 	idem_call_end(&call);

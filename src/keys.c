@@ -242,14 +242,33 @@ PG_FUNCTION_INFO_V1(idempotency_expiry_second);
 void
 idem_call_begin(IdemCall *call)
 {
+	idem_call_begin_read(call);
+	idem_call_restrict(call);
+}
+
+/*
+ * Begins a call as idem_call_begin does, but leaves the search_path to
+ * idem_call_restrict, which the call must reach before anything but a
+ * plain read of the key index (owner.c): claim's answers without a write.
+ */
+void
+idem_call_begin_read(IdemCall *call)
+{
 	const IdemKeysCatalog *c = idem_keys_catalog();
 
 	call->caller = GetUserId();
 	idem_owner_check_caller(c->namespace, call->caller);
 	call->rel = c->keys;
 	call->caller_cxt = CurrentMemoryContext;
-	idem_owner_enter(c->table_owner, &call->owner_save);
+	idem_owner_become(c->table_owner, &call->owner_save);
 	spi_connected = false;
+}
+
+/* Restricts the call's search_path, once: before anything may run code of someone's. */
+void
+idem_call_restrict(IdemCall *call)
+{
+	idem_owner_restrict_path(&call->owner_save);
 }
 
 /* Leaves SPI, if the call used it, and returns to the caller's user and settings. */
@@ -358,6 +377,7 @@ run_plan(PlanId id, const IdemCall *call, Datum *values, const char *nulls, bool
 {
 	int			rc;
 
+	Assert(call->owner_save.guc_nestlevel > 0);
 	if (!spi_connected)
 	{
 		if (SPI_connect() != SPI_OK_CONNECT)

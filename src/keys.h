@@ -71,6 +71,8 @@ typedef struct IdemTakeover
 } IdemTakeover;
 
 extern void idem_call_begin(IdemCall *call);
+extern void idem_call_begin_read(IdemCall *call);
+extern void idem_call_restrict(IdemCall *call);
 extern void idem_call_end(IdemCall *call);
 
 extern struct varlena *idem_varlena_copy(Datum value, bool isnull, MemoryContext cxt);

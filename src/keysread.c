@@ -213,6 +213,8 @@ idem_keys_fetch(IdemCall *call, text *key, bytea *fingerprint,
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	rel = table_open(call->rel.relid, RowExclusiveLock);
 	idem_key_index_open(call, rel, &ki);
+	if (!ki.builtin)
+		idem_call_restrict(call);
 	refuse_owner_rls(call, rel);
 	slot = table_slot_create(rel, NULL);
 	scan = idem_key_scan_begin(rel, &ki, snapshot, call, key);
@@ -270,6 +272,8 @@ idem_keys_writer(IdemCall *call, text *key)
 	InitDirtySnapshot(dirty);
 	rel = table_open(call->rel.relid, RowExclusiveLock);
 	idem_key_index_open(call, rel, &ki);
+	if (!ki.builtin)
+		idem_call_restrict(call);
 	slot = table_slot_create(rel, NULL);
 	scan = idem_key_scan_begin(rel, &ki, &dirty, call, key);
 	while (!TransactionIdIsValid(writer) &&

@@ -29,8 +29,10 @@
 
 #include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/nbtree.h"
 #include "access/skey.h"
 #include "access/stratnum.h"
+#include "access/transam.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_index.h"
 #include "commands/defrem.h"
@@ -78,7 +80,9 @@ register_invalidation(void)
  * scan when it can serve as a column of a key index: its operator family
  * is the default btree one of the column's type, its collation the
  * column's, the column's type binary-coercible to its input type, and it
- * has an equality for that type.
+ * has an equality for that type.  Notes whether the functions a scan of it
+ * calls (its equality and its order function) are built in: else a
+ * user's code runs in each scan (owner.c).
  */
 static bool
 key_column_scan(Relation index, int i, Form_pg_attribute attr, IdemKeyScan *scan)
@@ -98,6 +102,8 @@ key_column_scan(Relation index, int i, Form_pg_attribute attr, IdemKeyScan *scan
 	scan->eq = get_opcode(eq_opr);
 	scan->subtype = index->rd_opcintype[i];
 	scan->collation = index->rd_indcollation[i];
+	scan->builtin = scan->eq < FirstNormalObjectId &&
+		index_getprocid(index, i + 1, BTORDER_PROC) < FirstNormalObjectId;
 	return true;
 }
 
@@ -250,6 +256,7 @@ idem_key_index_open(const IdemCall *call, Relation rel, IdemKeyIndex *out)
 	idem_require_key_index(call, f);
 	out->key = f->key_scan;
 	out->scope = f->scope_scan;
+	out->builtin = f->key_scan.builtin && f->scope_scan.builtin;
 	out->index = index_open(f->key_index, RowExclusiveLock);
 }
 

@@ -24,6 +24,7 @@ typedef struct IdemKeyScan
 	RegProcedure eq;
 	Oid			subtype;
 	Oid			collation;
+	bool		builtin;		/* its equality and order functions are built in */
 } IdemKeyScan;
 
 /*
@@ -44,12 +45,16 @@ typedef struct IdemRelFacts
 	int			direct;
 } IdemRelFacts;
 
-/* The key index of a relation, open, and how to scan it. */
+/*
+ * The key index of a relation, open, and how to scan it; builtin: a scan of
+ * it runs only PostgreSQL's built-in functions.
+ */
 typedef struct IdemKeyIndex
 {
 	Relation	index;
 	IdemKeyScan key;
 	IdemKeyScan scope;
+	bool		builtin;
 } IdemKeyIndex;
 
 extern IdemRelFacts *idem_rel_facts(const IdemCall *call, Relation rel);

@@ -19,7 +19,17 @@
  *
  * idem_owner_leave undoes both.  An error in between needs nothing of it:
  * (sub)transaction abort restores the user and pops the GUC nest level.
- * Nothing else in the extension switches users.
+ *
+ * The search_path may come later than the user switch (idem_owner_become,
+ * then idem_owner_restrict_path), but always before anything runs that is
+ * not PostgreSQL's own built-in code: claim's read of the key index, when
+ * the index compares with built-in functions only (keysrel.c), runs none
+ * and looks up no name, so a replay, a mismatch or an in_progress answer
+ * needs no GUC nest level, whose save and restore (AtEOXact_GUC walks every
+ * setting on PostgreSQL 15) cost a replay more than a tenth of its
+ * instructions.  Everything else restricts the path first.
+ * Nothing else in the extension switches users but fence.c, to raise the
+ * fence sequence as its owner.
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -109,6 +119,29 @@ idem_owner_check_caller(Oid nsp, Oid caller)
 }
 
 /*
+ * Becomes table_owner in a restricted security context; the search_path is
+ * restricted later, by idem_owner_restrict_path.  save says what to restore.
+ */
+void
+idem_owner_become(Oid table_owner, IdemOwnerSave *save)
+{
+	GetUserIdAndSecContext(&save->userid, &save->sec_context);
+	SetUserIdAndSecContext(table_owner, save->sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	save->guc_nestlevel = 0;
+}
+
+/* Sets search_path pg_catalog, pg_temp in a GUC nest level of its own, once per call. */
+void
+idem_owner_restrict_path(IdemOwnerSave *save)
+{
+	if (save->guc_nestlevel > 0)
+		return;
+	save->guc_nestlevel = NewGUCNestLevel();
+	RestrictSearchPath();
+}
+
+/*
  * Becomes table_owner in a restricted security context, with search_path
  * pg_catalog, pg_temp in a GUC nest level of its own; save says what to
  * restore.
@@ -116,17 +149,15 @@ idem_owner_check_caller(Oid nsp, Oid caller)
 void
 idem_owner_enter(Oid table_owner, IdemOwnerSave *save)
 {
-	GetUserIdAndSecContext(&save->userid, &save->sec_context);
-	SetUserIdAndSecContext(table_owner, save->sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
-	save->guc_nestlevel = NewGUCNestLevel();
-	RestrictSearchPath();
+	idem_owner_become(table_owner, save);
+	idem_owner_restrict_path(save);
 }
 
 /* Returns to the caller's search_path (and any setting changed since enter), user and context. */
 void
 idem_owner_leave(const IdemOwnerSave *save)
 {
-	AtEOXact_GUC(false, save->guc_nestlevel);
+	if (save->guc_nestlevel > 0)
+		AtEOXact_GUC(false, save->guc_nestlevel);
 	SetUserIdAndSecContext(save->userid, save->sec_context);
 }

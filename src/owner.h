@@ -14,10 +14,12 @@ typedef struct IdemOwnerSave
 {
 	Oid			userid;
 	int			sec_context;
-	int			guc_nestlevel;
+	int			guc_nestlevel;	/* 0 while the search_path is not yet restricted */
 } IdemOwnerSave;
 
 extern void idem_owner_check_caller(Oid nsp, Oid caller);
+extern void idem_owner_become(Oid table_owner, IdemOwnerSave *save);
+extern void idem_owner_restrict_path(IdemOwnerSave *save);
 extern void idem_owner_enter(Oid table_owner, IdemOwnerSave *save);
 extern void idem_owner_leave(const IdemOwnerSave *save);
 

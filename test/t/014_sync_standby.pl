@@ -1,5 +1,5 @@
 # A fence is never handed out twice across promotion of a synchronous
-# standby.  A claim that draws a new batch of the fence sequence waits, like
+# standby.  A claim that draws new fences from the sequence (a block, from 1.6) waits, like
 # a commit, until the synchronous standby has that batch: while the standby
 # is unreachable, the claim itself waits.  Its transaction is left open, the
 # primary dies, the standby is promoted: the same key claimed there gets a
@@ -49,13 +49,15 @@ my $standby = synchronous_standby($primary, 'standby');
 my $fence_before = $primary->safe_psql('postgres',
 	q{SELECT fence FROM idempotency.claim('before', '\x01')});
 
-# Use up the fence sequence's logged batch, so that the next fence is the
-# first of a new batch: the standby knows the sequence only up to the
-# batch's end, and would hand out that next value itself after promotion.
-# (A checkpoint meanwhile makes the sequence log a new batch: the loop
-# goes on to its end.)
+# Make the next claim draw new fences: a nextval, which ends the block of
+# fences in use (1.6: the sequence is no longer as the block's draw left
+# it), then the rest of the sequence's logged batch, so that the next claim
+# advances the sequence past what the standby knows, and would hand out
+# itself after promotion.  (A checkpoint meanwhile makes the sequence log a
+# new batch: the loop goes on to its end.)
 my $use_up_batch = q{
 	DO $$BEGIN
+		PERFORM pg_catalog.nextval('idempotency.fence_seq');
 		WHILE (SELECT log_cnt FROM idempotency.fence_seq) OPERATOR(pg_catalog.>) 0 LOOP
 			PERFORM pg_catalog.nextval('idempotency.fence_seq');
 		END LOOP;
