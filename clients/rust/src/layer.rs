@@ -38,24 +38,16 @@ use uuid::Uuid;
 
 use crate::body::{BoxError, IdempotencyBody, RequestBody, ResponseBody};
 use crate::problem::{Problem, replay};
+use crate::flow::{Ended, FreeOnDrop, Flow, MAX_RUNS, answer_lost};
 use crate::telemetry::key_hash;
 use crate::tx::Loan;
-use crate::{ClaimOptions, Error, Outcome, Owner, claim, fingerprint, key};
+use crate::{ClaimOptions, Error, Outcome, Owner, fingerprint, key};
 
 /// What the layer's service answers.
 type Answer<B> = Response<ResponseBody<B>>;
 
 /// Computes the scope of a request from its head.
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
-
-/// How often a claim whose answer was lost is asked, in all.
-const CLAIM_ATTEMPTS: u32 = 4;
-
-/// The pause before asking again the first time; it doubles each time.
-const CLAIM_BACKOFF: Duration = Duration::from_millis(50);
-
-/// How often the handler may run for one request whose COMMIT's answer was lost.
-const MAX_RUNS: u32 = 3;
 
 /// How long, by default with [`IdempotencyLayer::one_transaction`], a
 /// request waits for a running one with the same key (whose claim has not
@@ -330,7 +322,8 @@ impl IdempotencyLayer {
         // with the handler's answer to send if it committed.
         let mut lost: Option<Option<(response::Parts, Bytes)>> = None;
         for _ in 0..MAX_RUNS {
-            let (owner, transaction) = match self.claim(&key, &request_fingerprint, &options).await {
+            let claimed = self.flow().claim(&key, &request_fingerprint, &options).await;
+            let (owner, transaction) = match claimed.map(|c| (c.outcome, c.transaction, c.asked_again)) {
                 Ok((Outcome::New(owner), transaction, _)) => (owner, transaction),
                 Ok((Outcome::Replay { response, .. }, _, _)) => {
                     return Ok(match lost.flatten() {
@@ -383,55 +376,6 @@ impl IdempotencyLayer {
             }
         }
         Ok(lost_answer(lost))
-    }
-
-    /// Claims on a connection of the pool; a claim whose answer was lost is
-    /// asked again (with the same token) on another connection, and then
-    /// the answer says so (`true`). With `one_transaction`, the claim is
-    /// made in a transaction, kept open for the handler when it answers `new`.
-    async fn claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>, bool), Error> {
-        let mut attempt = 1;
-        loop {
-            let result = if self.one_transaction {
-                self.begin_claim(key, fingerprint, options).await
-            } else {
-                self.claim_alone(key, fingerprint, options).await.map(|outcome| (outcome, None))
-            };
-            match result {
-                Err(err) if answer_lost(&err) && attempt < CLAIM_ATTEMPTS => {
-                    tracing::warn!("idempotency: the claim's answer was lost, asking again: {}", err.redacted());
-                    tokio::time::sleep(CLAIM_BACKOFF * 2u32.pow(attempt - 1)).await;
-                    attempt += 1;
-                }
-                result => return result.map(|(outcome, transaction)| (outcome, transaction, attempt > 1)),
-            }
-        }
-    }
-
-    /// Claims on a connection of its own, committed at once.
-    async fn claim_alone(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error> {
-        let mut conn = self.pool.acquire().await?;
-        let result = claim(&mut *conn, key, fingerprint, options).await;
-        if matches!(&result, Err(err) if err.is_connection()) {
-            conn.close_on_drop();
-        }
-        result
-    }
-
-    /// Begins a transaction and claims in it; the transaction is kept only
-    /// for a `new` (any other answer wrote nothing: it is rolled back
-    /// without holding up the answer).
-    async fn begin_claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>), Error> {
-        let mut transaction = self.pool.begin().await?;
-        match claim(&mut *transaction, key, fingerprint, options).await? {
-            outcome @ Outcome::New(_) => Ok((outcome, Some(transaction))),
-            outcome => {
-                tokio::spawn(async move {
-                    let _ = transaction.rollback().await;
-                });
-                Ok((outcome, None))
-            }
-        }
     }
 
     /// Runs the handler once, for an answer whatever happens.
@@ -514,39 +458,31 @@ impl IdempotencyLayer {
         }
     }
 
+    /// Where this layer's claims go.
+    fn flow(&self) -> Flow<'_> {
+        Flow { pool: &self.pool, one_transaction: self.one_transaction }
+    }
+
     /// Commits the handler's work with its stored response.
-    async fn commit<B, E>(&self, mut transaction: Transaction<'static, Postgres>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
-        if let Some(owner) = claimed.map(|claimed| &claimed.owner) {
+    async fn commit<B, E>(&self, transaction: Transaction<'static, Postgres>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
+        let ended = {
             let headers = self.headers_to_store(&head);
-            match owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await {
-                Ok(_) => {}
-                Err(Error::ClaimLost(_)) => {
-                    // A retry took the key over: its answer is the one that counts.
-                    let _ = transaction.rollback().await;
-                    return Run::Answered(Ok(Problem::ClaimLost.response()));
-                }
-                Err(err) if err.is_connection() => {
-                    tracing::warn!("idempotency: the connection broke before COMMIT: {}", err.redacted());
-                    return Run::Lost(None);
-                }
-                Err(err) => {
-                    tracing::error!("idempotency: could not store the response: {}", err.redacted());
-                    self.abandon(Some(transaction), claimed, None).await;
-                    return Run::Answered(Ok(Problem::RolledBack.response()));
-                }
+            let owner = claimed.map(|claimed| &claimed.owner);
+            self.flow().complete_and_commit(transaction, owner, head.status.as_u16(), &headers, &body).await
+        };
+        match ended {
+            Ended::Committed => Run::Answered(Ok(Response::from_parts(head, full(body)))),
+            // A retry took the key over: its answer is the one that counts.
+            Ended::ClaimLost => Run::Answered(Ok(Problem::ClaimLost.response())),
+            Ended::LostBeforeCommit => Run::Lost(None),
+            Ended::LostAtCommit => Run::Lost(Some((head, body))),
+            Ended::NotStored(_) => {
+                self.abandon(None, claimed, None).await;
+                Run::Answered(Ok(Problem::RolledBack.response()))
             }
-        }
-        match transaction.commit().await.map_err(Error::from) {
-            Ok(()) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
-            Err(err) if err.is_connection() => {
-                tracing::warn!("idempotency: the answer to COMMIT was lost: {}", err.redacted());
-                Run::Lost(Some((head, body)))
-            }
-            Err(err) => {
-                // The server refused the COMMIT (a deferred constraint): it rolled back.
-                tracing::error!("idempotency: COMMIT failed: {}", err.redacted());
+            Ended::Refused(_) => {
                 if let Some(claimed) = claimed.filter(|_| !self.one_transaction) {
-                    self.release(&claimed.owner).await;
+                    self.flow().release(&claimed.owner).await;
                 }
                 Run::Answered(Ok(Problem::RolledBack.response()))
             }
@@ -574,7 +510,7 @@ impl IdempotencyLayer {
             }
             Err(err) => {
                 tracing::error!("idempotency: could not store the response: {}", err.redacted());
-                self.release(owner).await;
+                self.flow().release(owner).await;
                 Run::Answered(Ok(Problem::RolledBack.response()))
             }
         }
@@ -593,7 +529,7 @@ impl IdempotencyLayer {
         let owner = match (self.one_transaction, server_error) {
             (false, _) => claimed.owner.clone(),
             (true, None) => return,
-            (true, Some(_)) => match self.claim_alone(&claimed.owner.key, claimed.fingerprint, claimed.options).await {
+            (true, Some(_)) => match self.flow().claim_alone(&claimed.owner.key, claimed.fingerprint, claimed.options).await {
                 Ok(Outcome::New(owner)) => owner,
                 _ => return, // nothing of this request is held
             },
@@ -605,18 +541,7 @@ impl IdempotencyLayer {
                 Err(_) => {} // too large to store, say: release it
             }
         }
-        self.release(&owner).await;
-    }
-
-    /// Frees the key on a connection of the pool; its lease frees it otherwise.
-    async fn release(&self, owner: &Owner) {
-        if let Err(err) = owner.release(&self.pool).await {
-            tracing::error!(
-                "idempotency: could not release key {}; it frees when its lease ends: {}",
-                key_hash(&owner.key),
-                err.redacted()
-            );
-        }
+        self.flow().release(&owner).await;
     }
 
     /// The response headers to store, as name-value pairs.
@@ -641,12 +566,6 @@ fn lost_answer<B>(lost: Option<Option<(response::Parts, Bytes)>>) -> Answer<B> {
         Some(_) => Problem::Interrupted.response(),
         None => Problem::RolledBack.response(),
     }
-}
-
-/// True when a call reached a connection and its answer was lost (not when
-/// no connection could be had: the pool already waited for one).
-fn answer_lost(err: &Error) -> bool {
-    err.is_connection() && !matches!(err, Error::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed))
 }
 
 /// Calls the inner service and passes its response through.
@@ -685,31 +604,6 @@ where
         Err(err) => Err(err),
     };
     (handled, loan.handler_finished())
-}
-
-/// Frees the key of a run whose future is dropped before the layer ended it
-/// (a timeout outside the layer, a panic), so that a retry runs at once
-/// instead of waiting for the lease. Its transaction rolls back as it drops.
-struct FreeOnDrop {
-    pool: PgPool,
-    owner: Option<Owner>,
-}
-
-impl Drop for FreeOnDrop {
-    /// Releases the key in a task of its own.
-    fn drop(&mut self) {
-        let (Some(owner), Ok(runtime)) = (self.owner.take(), tokio::runtime::Handle::try_current()) else { return };
-        let pool = self.pool.clone();
-        tracing::warn!("idempotency: the request was dropped while its handler ran; freeing its key");
-        runtime.spawn(async move {
-            if let Err(err) = owner.release(&pool).await {
-                tracing::error!(
-                    "idempotency: could not free the key of a dropped request; it frees when its lease ends: {}",
-                    err.redacted()
-                );
-            }
-        });
-    }
 }
 
 /// Reads the whole request body, up to `limit` bytes.
