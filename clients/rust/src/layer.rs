@@ -41,13 +41,22 @@ use crate::problem::{Problem, replay};
 use crate::flow::{Ended, FreeOnDrop, Flow, MAX_RUNS, answer_lost};
 use crate::telemetry::key_hash;
 use crate::tx::Loan;
-use crate::{ClaimOptions, Error, Outcome, Owner, fingerprint, key};
+use crate::{ClaimOptions, Error, Outcome, Owner, StoredResponse, fingerprint, key};
 
 /// What the layer's service answers.
 type Answer<B> = Response<ResponseBody<B>>;
 
 /// Computes the scope of a request from its head.
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+
+/// Reads the key of a request from its head and body: `Ok(None)` when it has none.
+type KeyFn = dyn Fn(&Parts, &[u8]) -> Result<Option<String>, &'static str> + Send + Sync;
+
+/// Accepts a request (head and raw body) as authentic, or says why not.
+type VerifyFn = dyn Fn(&Parts, &[u8]) -> Result<(), String> + Send + Sync;
+
+/// Given the response to store, returns what to store instead.
+type RedactFn = dyn Fn(StoredResponse) -> StoredResponse + Send + Sync;
 
 /// How long, by default with [`IdempotencyLayer::one_transaction`], a
 /// request waits for a running one with the same key (whose claim has not
@@ -75,6 +84,9 @@ pub struct IdempotencyLayer {
     scope: Arc<ScopeFn>,
     one_transaction: bool,
     wait: Option<Duration>,
+    key: Option<Arc<KeyFn>>,
+    verify: Option<Arc<VerifyFn>>,
+    redact: Option<Arc<RedactFn>>,
 }
 
 impl IdempotencyLayer {
@@ -94,6 +106,9 @@ impl IdempotencyLayer {
             scope: Arc::new(credential_scope),
             one_transaction: false,
             wait: None,
+            key: None,
+            verify: None,
+            redact: None,
         }
     }
 
@@ -176,11 +191,67 @@ impl IdempotencyLayer {
         self
     }
 
+    /// Where the key is, instead of the Idempotency-Key header: a function
+    /// of the request's head and body, `Ok(None)` when it has none (then
+    /// [`key_required`](Self::key_required) decides), `Err(why)` when it is
+    /// malformed (400). E.g. [`body_key`] for a sender that keeps its event
+    /// id in the body.
+    pub fn key(mut self, key: impl Fn(&Parts, &[u8]) -> Result<Option<String>, &'static str> + Send + Sync + 'static) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// Checks that a covered request is authentic (a webhook's signature),
+    /// from its head and raw body, before anything is claimed: `Err(why)`
+    /// answers 401 `webhook_unverified` and leaves no record.
+    pub fn verify(mut self, verify: impl Fn(&Parts, &[u8]) -> Result<(), String> + Send + Sync + 'static) -> Self {
+        self.verify = Some(Arc::new(verify));
+        self
+    }
+
+    /// A [Standard Webhooks](https://www.standardwebhooks.com) receiver:
+    /// POST only, each delivery verified by `verify` (its raw body and
+    /// headers: e.g. `Webhook::verify` of the `standardwebhooks` crate)
+    /// before the claim, keyed by its `webhook-id`, and scoped by `sender`.
+    pub fn standard_webhooks<E: std::fmt::Display>(
+        self,
+        verify: impl Fn(&[u8], &http::HeaderMap) -> Result<(), E> + Send + Sync + 'static,
+        sender: &str,
+    ) -> Self {
+        let scope = format!("webhook:{sender}");
+        self.methods([Method::POST])
+            .verify(move |parts, body| verify(body, &parts.headers).map_err(|err| err.to_string()))
+            .key(|parts, _| match parts.headers.get("webhook-id") {
+                None => Ok(None),
+                Some(id) => key::parse_key(id.as_bytes()).map(Some),
+            })
+            .scope(move |_| scope.clone())
+    }
+
+    /// What is stored of a response (and so what a replay sends), given
+    /// the response to store (its stored headers): e.g. to drop a card
+    /// number from the body. The live response is sent unchanged.
+    pub fn redact(mut self, redact: impl Fn(StoredResponse) -> StoredResponse + Send + Sync + 'static) -> Self {
+        self.redact = Some(Arc::new(redact));
+        self
+    }
+
     /// Panics when the retention is shorter than the lease.
     fn check_retention(&self) {
         if let (Some(lease), Some(retention)) = (self.lease, self.retention) {
             assert!(retention >= lease, "the idempotency retention must be at least the lease");
         }
+    }
+}
+
+/// A key source for [`IdempotencyLayer::key`]: the string `field` of a
+/// JSON object body (Stripe keeps its event id in `id`); none when the body
+/// has no such field, malformed when it is not a string.
+pub fn body_key(field: &'static str) -> impl Fn(&Parts, &[u8]) -> Result<Option<String>, &'static str> + Send + Sync + 'static {
+    move |_, body| match serde_json::from_slice::<serde_json::Value>(body).ok().as_ref().and_then(|body| body.get(field)) {
+        None => Ok(None),
+        Some(serde_json::Value::String(key)) => key::parse_key(key.as_bytes()).map(Some),
+        Some(_) => Err("The event id in the body is not a string."),
     }
 }
 
@@ -293,15 +364,29 @@ impl IdempotencyLayer {
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
-        let key = match key::request_key(request.headers()) {
-            Ok(None) if self.key_required => return Ok(Problem::KeyMissing.response()),
-            Ok(key) => key,
-            Err(why) => return Ok(Problem::KeyInvalid(why).response()),
+        // The header's key is checked before the body is read; another source reads the body.
+        let header_key = match self.key {
+            Some(_) => None,
+            None => match self.required(key::request_key(request.headers())) {
+                Ok(key) => key,
+                Err(problem) => return Ok(problem.response()),
+            },
         };
         let (parts, body) = request.into_parts();
         let request = match read_body(body, self.max_body_bytes).await {
             Ok(body) => Buffered { parts, body },
             Err(problem) => return Ok(problem.response()),
+        };
+        if let Some(Err(why)) = self.verify.as_ref().map(|verify| verify(&request.parts, &request.body)) {
+            tracing::warn!("idempotency: a request failed verification: {why}");
+            return Ok(Problem::Unverified.response());
+        }
+        let key = match &self.key {
+            None => header_key,
+            Some(source) => match self.required(source(&request.parts, &request.body)) {
+                Ok(key) => key,
+                Err(problem) => return Ok(problem.response()),
+            },
         };
         let Some(key) = key else {
             return self.run_answered(inner, &request).await;
@@ -458,6 +543,15 @@ impl IdempotencyLayer {
         }
     }
 
+    /// The key a source read, or the problem: none when one is required, or malformed.
+    fn required(&self, key: Result<Option<String>, &'static str>) -> Result<Option<String>, Problem> {
+        match key {
+            Ok(None) if self.key_required => Err(Problem::KeyMissing),
+            Ok(key) => Ok(key),
+            Err(why) => Err(Problem::KeyInvalid(why)),
+        }
+    }
+
     /// Where this layer's claims go.
     fn flow(&self) -> Flow<'_> {
         Flow { pool: &self.pool, one_transaction: self.one_transaction }
@@ -465,11 +559,9 @@ impl IdempotencyLayer {
 
     /// Commits the handler's work with its stored response.
     async fn commit<B, E>(&self, transaction: Transaction<'static, Postgres>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
-        let ended = {
-            let headers = self.headers_to_store(&head);
-            let owner = claimed.map(|claimed| &claimed.owner);
-            self.flow().complete_and_commit(transaction, owner, head.status.as_u16(), &headers, &body).await
-        };
+        let stored = self.to_store(&head, &body);
+        let owner = claimed.map(|claimed| &claimed.owner);
+        let ended = self.flow().complete_and_commit(transaction, owner, stored.status_code, &pairs(&stored), &stored.body).await;
         match ended {
             Ended::Committed => Run::Answered(Ok(Response::from_parts(head, full(body)))),
             // A retry took the key over: its answer is the one that counts.
@@ -494,10 +586,10 @@ impl IdempotencyLayer {
     /// and executed in two exchanges), which a transaction pooler keeps on
     /// one server connection only inside a transaction.
     async fn complete_alone<B, E>(&self, owner: &Owner, head: response::Parts, body: Bytes) -> Run<B, E> {
-        let headers = self.headers_to_store(&head);
+        let response = self.to_store(&head, &body);
         let stored = async {
             let mut transaction = self.pool.begin().await?;
-            let done = owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await?;
+            let done = owner.complete(&mut *transaction, response.status_code, &pairs(&response), &response.body).await?;
             transaction.commit().await?;
             Ok::<_, Error>(done)
         };
@@ -535,8 +627,8 @@ impl IdempotencyLayer {
             },
         };
         if let Some((head, body)) = server_error {
-            let status = head.status.as_u16();
-            match owner.complete(&self.pool, status, &self.headers_to_store(head), body).await {
+            let stored = self.to_store(head, body);
+            match owner.complete(&self.pool, stored.status_code, &pairs(&stored), &stored.body).await {
                 Ok(_) | Err(Error::ClaimLost(_)) => return,
                 Err(_) => {} // too large to store, say: release it
             }
@@ -544,20 +636,30 @@ impl IdempotencyLayer {
         self.flow().release(&owner).await;
     }
 
-    /// The response headers to store, as name-value pairs.
-    fn headers_to_store<'a>(&'a self, head: &'a response::Parts) -> Vec<(&'a str, &'a str)> {
-        let mut pairs = Vec::new();
+    /// What is stored of a response: its status, the headers to store and
+    /// its body, as the redact hook leaves them.
+    fn to_store(&self, head: &response::Parts, body: &Bytes) -> StoredResponse {
+        let mut headers = Vec::new();
         // The body is stored as sent: its Content-Encoding (a compression layer inside) goes with it.
         let encoding = Some(&CONTENT_ENCODING).filter(|name| !self.stored_headers.contains(name));
         for name in self.stored_headers.iter().chain(encoding) {
             for value in head.headers.get_all(name) {
                 if let Ok(value) = value.to_str() {
-                    pairs.push((name.as_str(), value));
+                    headers.push((name.as_str().to_owned(), value.to_owned()));
                 }
             }
         }
-        pairs
+        let stored = StoredResponse { status_code: head.status.as_u16(), headers, body: body.to_vec() };
+        match &self.redact {
+            Some(redact) => redact(stored),
+            None => stored,
+        }
     }
+}
+
+/// The headers of a stored response as `complete` takes them.
+fn pairs(stored: &StoredResponse) -> Vec<(&str, &str)> {
+    stored.headers.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect()
 }
 
 /// The 503 after runs whose connection broke: whether the last may have committed.

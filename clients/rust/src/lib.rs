@@ -39,7 +39,7 @@ pub use error::Error;
 pub use fingerprint::fingerprint;
 pub use function::{FUNCTION_WAIT, Function, FunctionError, Work, arguments_fingerprint, idempotent};
 pub use key::{IDEMPOTENCY_KEY, parse_key};
-pub use layer::{Idempotency, IdempotencyLayer, ONE_TRANSACTION_WAIT, credential_scope};
+pub use layer::{Idempotency, IdempotencyLayer, ONE_TRANSACTION_WAIT, body_key, credential_scope};
 pub use tx::{Tx, TxGuard};
 
 /// The Rust snippets of README.md, compiled by `cargo test`.
