@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
@@ -36,7 +37,8 @@ pub const FUNCTION_WAIT: Duration = Duration::from_secs(2);
 type FinalFn = dyn Fn(&dyn Any) -> bool + Send + Sync;
 
 /// An idempotent function's settings; [`Function::run`] runs a unit of work.
-/// [`idempotent`] is `Function::new(pool).run(...)`.
+/// [`idempotent`] is `Function::new(pool).run(...)`. Make it once and clone
+/// it (it is cheap): it reads the database's lease once.
 #[derive(Clone)]
 pub struct Function {
     pool: PgPool,
@@ -47,6 +49,8 @@ pub struct Function {
     wait: Option<Duration>,
     extend_every: Option<Duration>,
     is_final: Option<Arc<FinalFn>>,
+    /// The database's lease, read once (two transactions, no `lease` given).
+    database_lease: Arc<OnceCell<Duration>>,
 }
 
 /// Runs `work` once for `key` and these arguments, with the defaults of [`Function::new`].
@@ -74,6 +78,7 @@ impl Function {
             wait: Some(FUNCTION_WAIT),
             extend_every: None,
             is_final: None,
+            database_lease: Arc::default(),
         }
     }
 
@@ -273,13 +278,15 @@ impl Function {
     }
 
     /// Two transactions: renews the lease while the work runs (every
-    /// `extend_every`, or a third of the lease); stops when dropped.
+    /// `extend_every`, or a third of the lease: the `lease` given, or the
+    /// database's, read from the first record and kept); stops when dropped.
     fn keep_leased(&self, owner: Owner) -> Renewal {
-        let (pool, every) = (self.pool.clone(), self.extend_every);
+        let (pool, every, lease, database_lease) = (self.pool.clone(), self.extend_every, self.lease, self.database_lease.clone());
         Renewal(tokio::spawn(async move {
-            let every = match every {
-                Some(every) => every,
-                None => lease_of(&pool, &owner).await / 3,
+            let every = match (every, lease) {
+                (Some(every), _) => every,
+                (None, Some(lease)) => lease / 3,
+                (None, None) => *database_lease.get_or_init(|| lease_of(&pool, &owner)).await / 3,
             };
             loop {
                 tokio::time::sleep(every).await;

@@ -187,14 +187,22 @@ async fn a_duplicate_of_a_running_call_is_in_progress_or_waits_for_it() {
 #[tokio::test]
 async fn two_transactions_renew_the_lease_while_the_work_runs() {
     let pool = common::pool();
-    let key = unique("fn");
     let function = Function::new(pool.clone()).one_transaction(false).lease(Duration::from_secs(2)).extend_every(Duration::from_millis(100));
+    renewed_while_running(&pool, &function).await;
+    // By default every third of the database's lease (here 1.5 s: every 0.5 s).
+    let short = common::pool_with_settings(&[("idempotency.lease", "1500ms")]);
+    renewed_while_running(&pool, &Function::new(short).one_transaction(false)).await;
+}
+
+/// Asserts that a call of `function` renews its lease while its work runs.
+async fn renewed_while_running(pool: &sqlx::PgPool, function: &Function) {
+    let key = unique("fn");
     let gate = Arc::new(Semaphore::new(0));
-    let first = running(&function, &key, &gate).await;
-    let claimed = lookup(&pool, &key, None).await.unwrap().unwrap().lease_expires_at.unwrap();
+    let first = running(function, &key, &gate).await;
+    let claimed = lookup(pool, &key, None).await.unwrap().unwrap().lease_expires_at.unwrap();
     let mut renewed = claimed;
     for _ in 0..1000 {
-        renewed = lookup(&pool, &key, None).await.unwrap().unwrap().lease_expires_at.unwrap();
+        renewed = lookup(pool, &key, None).await.unwrap().unwrap().lease_expires_at.unwrap();
         if renewed > claimed {
             break;
         }

@@ -45,11 +45,11 @@ struct Charge {
     amount: Number,
 }
 
-/// What every job gets: the application's pool (SQLx 0.8, as pg-idempotency)
-/// and how this worker was started.
+/// What every job gets: the idempotent function on the application's pool
+/// (SQLx 0.8, as pg-idempotency), and how this worker was started.
 #[derive(Clone)]
 struct Worker {
-    pool: PgPool,
+    function: Function,
     ack_in_transaction: bool,
     crash: Option<String>,
 }
@@ -93,7 +93,7 @@ async fn work() -> Result<(), Box<dyn Error>> {
     let (pool, queue_pool) = pools().await?;
     sqlx::raw_sql(CREATE_CHARGES).execute(&pool).await?;
     let worker = Worker {
-        pool,
+        function: Function::new(pool).scope(format!("apalis:{QUEUE}")),
         ack_in_transaction: env::var("JOBS_ACK").as_deref() == Ok("transaction"),
         crash: env::var("JOBS_CRASH").ok(),
     };
@@ -124,8 +124,8 @@ async fn shutdown() -> Result<(), std::io::Error> {
 /// job's acknowledgment commits with them too.
 async fn charge(job: Charge, id: TaskId, context: WorkerContext, worker: Data<Worker>) -> Result<Value, BoxDynError> {
     let key = id.to_string();
-    let function = Function::new(worker.pool.clone()).scope(format!("apalis:{QUEUE}"));
-    let result = function
+    let result = worker
+        .function
         .run(&key, &job, |work: Work| {
             let (amount, key, worker, name) = (job.amount.to_string(), key.clone(), worker.clone(), context.name().to_owned());
             async move {
@@ -237,7 +237,8 @@ async fn storm(mode: &str) -> Result<(), Box<dyn Error>> {
     storage.push_all(&mut futures_util::stream::iter(tasks)).await?;
     let total = ORDERS * DELIVERIES;
     let started = Instant::now();
-    let run = Storm { pool: pool.clone(), queue: queue.clone(), once };
+    let function = Function::new(pool.clone()).scope("storm").wait(Duration::from_secs(30));
+    let run = Storm { pool: pool.clone(), function, queue: queue.clone(), once };
     let worker = WorkerBuilder::new(format!("storm-{}", std::process::id()).as_str())
         .backend(storage)
         .data(run)
@@ -265,6 +266,7 @@ async fn storm(mode: &str) -> Result<(), Box<dyn Error>> {
 #[derive(Clone)]
 struct Storm {
     pool: PgPool,
+    function: Function,
     queue: String,
     once: bool,
 }
@@ -280,9 +282,9 @@ async fn storm_job(job: Charge, storm: Data<Storm>) -> Result<Value, BoxDynError
         tx.commit().await?;
         return Ok(json!({ "order": order }));
     }
-    let function = Function::new(storm.pool.clone()).scope("storm").wait(Duration::from_secs(30));
     let key = format!("{}:{order}", storm.queue);
-    let result = function
+    let result = storm
+        .function
         .run(&key, &order, |work: Work| {
             let queue = storm.queue.clone();
             async move {
