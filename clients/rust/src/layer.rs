@@ -38,9 +38,10 @@ use uuid::Uuid;
 
 use crate::body::{BoxError, IdempotencyBody, RequestBody, ResponseBody};
 use crate::problem::{Problem, replay};
+use crate::flow::{Ended, FreeOnDrop, Flow, MAX_RUNS, answer_lost};
 use crate::telemetry::key_hash;
 use crate::tx::Loan;
-use crate::{ClaimOptions, Error, Outcome, Owner, claim, fingerprint, key};
+use crate::{ClaimOptions, Error, Outcome, Owner, StoredResponse, fingerprint, key};
 
 /// What the layer's service answers.
 type Answer<B> = Response<ResponseBody<B>>;
@@ -48,14 +49,14 @@ type Answer<B> = Response<ResponseBody<B>>;
 /// Computes the scope of a request from its head.
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 
-/// How often a claim whose answer was lost is asked, in all.
-const CLAIM_ATTEMPTS: u32 = 4;
+/// Reads the key of a request from its head and body: `Ok(None)` when it has none.
+type KeyFn = dyn Fn(&Parts, &[u8]) -> Result<Option<String>, &'static str> + Send + Sync;
 
-/// The pause before asking again the first time; it doubles each time.
-const CLAIM_BACKOFF: Duration = Duration::from_millis(50);
+/// Accepts a request (head and raw body) as authentic, or says why not.
+type VerifyFn = dyn Fn(&Parts, &[u8]) -> Result<(), String> + Send + Sync;
 
-/// How often the handler may run for one request whose COMMIT's answer was lost.
-const MAX_RUNS: u32 = 3;
+/// Given the response to store, returns what to store instead.
+type RedactFn = dyn Fn(StoredResponse) -> StoredResponse + Send + Sync;
 
 /// How long, by default with [`IdempotencyLayer::one_transaction`], a
 /// request waits for a running one with the same key (whose claim has not
@@ -83,6 +84,9 @@ pub struct IdempotencyLayer {
     scope: Arc<ScopeFn>,
     one_transaction: bool,
     wait: Option<Duration>,
+    key: Option<Arc<KeyFn>>,
+    verify: Option<Arc<VerifyFn>>,
+    redact: Option<Arc<RedactFn>>,
 }
 
 impl IdempotencyLayer {
@@ -102,6 +106,9 @@ impl IdempotencyLayer {
             scope: Arc::new(credential_scope),
             one_transaction: false,
             wait: None,
+            key: None,
+            verify: None,
+            redact: None,
         }
     }
 
@@ -184,11 +191,67 @@ impl IdempotencyLayer {
         self
     }
 
+    /// Where the key is, instead of the Idempotency-Key header: a function
+    /// of the request's head and body, `Ok(None)` when it has none (then
+    /// [`key_required`](Self::key_required) decides), `Err(why)` when it is
+    /// malformed (400). E.g. [`body_key`] for a sender that keeps its event
+    /// id in the body.
+    pub fn key(mut self, key: impl Fn(&Parts, &[u8]) -> Result<Option<String>, &'static str> + Send + Sync + 'static) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// Checks that a covered request is authentic (a webhook's signature),
+    /// from its head and raw body, before anything is claimed: `Err(why)`
+    /// answers 401 `webhook_unverified` and leaves no record.
+    pub fn verify(mut self, verify: impl Fn(&Parts, &[u8]) -> Result<(), String> + Send + Sync + 'static) -> Self {
+        self.verify = Some(Arc::new(verify));
+        self
+    }
+
+    /// A [Standard Webhooks](https://www.standardwebhooks.com) receiver:
+    /// POST only, each delivery verified by `verify` (its raw body and
+    /// headers: e.g. `Webhook::verify` of the `standardwebhooks` crate)
+    /// before the claim, keyed by its `webhook-id`, and scoped by `sender`.
+    pub fn standard_webhooks<E: std::fmt::Display>(
+        self,
+        verify: impl Fn(&[u8], &http::HeaderMap) -> Result<(), E> + Send + Sync + 'static,
+        sender: &str,
+    ) -> Self {
+        let scope = format!("webhook:{sender}");
+        self.methods([Method::POST])
+            .verify(move |parts, body| verify(body, &parts.headers).map_err(|err| err.to_string()))
+            .key(|parts, _| match parts.headers.get("webhook-id") {
+                None => Ok(None),
+                Some(id) => key::parse_key(id.as_bytes()).map(Some),
+            })
+            .scope(move |_| scope.clone())
+    }
+
+    /// What is stored of a response (and so what a replay sends), given
+    /// the response to store (its stored headers): e.g. to drop a card
+    /// number from the body. The live response is sent unchanged.
+    pub fn redact(mut self, redact: impl Fn(StoredResponse) -> StoredResponse + Send + Sync + 'static) -> Self {
+        self.redact = Some(Arc::new(redact));
+        self
+    }
+
     /// Panics when the retention is shorter than the lease.
     fn check_retention(&self) {
         if let (Some(lease), Some(retention)) = (self.lease, self.retention) {
             assert!(retention >= lease, "the idempotency retention must be at least the lease");
         }
+    }
+}
+
+/// A key source for [`IdempotencyLayer::key`]: the string `field` of a
+/// JSON object body (Stripe keeps its event id in `id`); none when the body
+/// has no such field, malformed when it is not a string.
+pub fn body_key(field: &'static str) -> impl Fn(&Parts, &[u8]) -> Result<Option<String>, &'static str> + Send + Sync + 'static {
+    move |_, body| match serde_json::from_slice::<serde_json::Value>(body).ok().as_ref().and_then(|body| body.get(field)) {
+        None => Ok(None),
+        Some(serde_json::Value::String(key)) => key::parse_key(key.as_bytes()).map(Some),
+        Some(_) => Err("The event id in the body is not a string."),
     }
 }
 
@@ -301,15 +364,29 @@ impl IdempotencyLayer {
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
-        let key = match key::request_key(request.headers()) {
-            Ok(None) if self.key_required => return Ok(Problem::KeyMissing.response()),
-            Ok(key) => key,
-            Err(why) => return Ok(Problem::KeyInvalid(why).response()),
+        // The header's key is checked before the body is read; another source reads the body.
+        let header_key = match self.key {
+            Some(_) => None,
+            None => match self.required(key::request_key(request.headers())) {
+                Ok(key) => key,
+                Err(problem) => return Ok(problem.response()),
+            },
         };
         let (parts, body) = request.into_parts();
         let request = match read_body(body, self.max_body_bytes).await {
             Ok(body) => Buffered { parts, body },
             Err(problem) => return Ok(problem.response()),
+        };
+        if let Some(Err(why)) = self.verify.as_ref().map(|verify| verify(&request.parts, &request.body)) {
+            tracing::warn!("idempotency: a request failed verification: {why}");
+            return Ok(Problem::Unverified.response());
+        }
+        let key = match &self.key {
+            None => header_key,
+            Some(source) => match self.required(source(&request.parts, &request.body)) {
+                Ok(key) => key,
+                Err(problem) => return Ok(problem.response()),
+            },
         };
         let Some(key) = key else {
             return self.run_answered(inner, &request).await;
@@ -330,7 +407,8 @@ impl IdempotencyLayer {
         // with the handler's answer to send if it committed.
         let mut lost: Option<Option<(response::Parts, Bytes)>> = None;
         for _ in 0..MAX_RUNS {
-            let (owner, transaction) = match self.claim(&key, &request_fingerprint, &options).await {
+            let claimed = self.flow().claim(&key, &request_fingerprint, &options).await;
+            let (owner, transaction) = match claimed.map(|c| (c.outcome, c.transaction, c.asked_again)) {
                 Ok((Outcome::New(owner), transaction, _)) => (owner, transaction),
                 Ok((Outcome::Replay { response, .. }, _, _)) => {
                     return Ok(match lost.flatten() {
@@ -383,55 +461,6 @@ impl IdempotencyLayer {
             }
         }
         Ok(lost_answer(lost))
-    }
-
-    /// Claims on a connection of the pool; a claim whose answer was lost is
-    /// asked again (with the same token) on another connection, and then
-    /// the answer says so (`true`). With `one_transaction`, the claim is
-    /// made in a transaction, kept open for the handler when it answers `new`.
-    async fn claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>, bool), Error> {
-        let mut attempt = 1;
-        loop {
-            let result = if self.one_transaction {
-                self.begin_claim(key, fingerprint, options).await
-            } else {
-                self.claim_alone(key, fingerprint, options).await.map(|outcome| (outcome, None))
-            };
-            match result {
-                Err(err) if answer_lost(&err) && attempt < CLAIM_ATTEMPTS => {
-                    tracing::warn!("idempotency: the claim's answer was lost, asking again: {}", err.redacted());
-                    tokio::time::sleep(CLAIM_BACKOFF * 2u32.pow(attempt - 1)).await;
-                    attempt += 1;
-                }
-                result => return result.map(|(outcome, transaction)| (outcome, transaction, attempt > 1)),
-            }
-        }
-    }
-
-    /// Claims on a connection of its own, committed at once.
-    async fn claim_alone(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error> {
-        let mut conn = self.pool.acquire().await?;
-        let result = claim(&mut *conn, key, fingerprint, options).await;
-        if matches!(&result, Err(err) if err.is_connection()) {
-            conn.close_on_drop();
-        }
-        result
-    }
-
-    /// Begins a transaction and claims in it; the transaction is kept only
-    /// for a `new` (any other answer wrote nothing: it is rolled back
-    /// without holding up the answer).
-    async fn begin_claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>), Error> {
-        let mut transaction = self.pool.begin().await?;
-        match claim(&mut *transaction, key, fingerprint, options).await? {
-            outcome @ Outcome::New(_) => Ok((outcome, Some(transaction))),
-            outcome => {
-                tokio::spawn(async move {
-                    let _ = transaction.rollback().await;
-                });
-                Ok((outcome, None))
-            }
-        }
     }
 
     /// Runs the handler once, for an answer whatever happens.
@@ -514,39 +543,38 @@ impl IdempotencyLayer {
         }
     }
 
-    /// Commits the handler's work with its stored response.
-    async fn commit<B, E>(&self, mut transaction: Transaction<'static, Postgres>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
-        if let Some(owner) = claimed.map(|claimed| &claimed.owner) {
-            let headers = self.headers_to_store(&head);
-            match owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await {
-                Ok(_) => {}
-                Err(Error::ClaimLost(_)) => {
-                    // A retry took the key over: its answer is the one that counts.
-                    let _ = transaction.rollback().await;
-                    return Run::Answered(Ok(Problem::ClaimLost.response()));
-                }
-                Err(err) if err.is_connection() => {
-                    tracing::warn!("idempotency: the connection broke before COMMIT: {}", err.redacted());
-                    return Run::Lost(None);
-                }
-                Err(err) => {
-                    tracing::error!("idempotency: could not store the response: {}", err.redacted());
-                    self.abandon(Some(transaction), claimed, None).await;
-                    return Run::Answered(Ok(Problem::RolledBack.response()));
-                }
-            }
+    /// The key a source read, or the problem: none when one is required, or malformed.
+    fn required(&self, key: Result<Option<String>, &'static str>) -> Result<Option<String>, Problem> {
+        match key {
+            Ok(None) if self.key_required => Err(Problem::KeyMissing),
+            Ok(key) => Ok(key),
+            Err(why) => Err(Problem::KeyInvalid(why)),
         }
-        match transaction.commit().await.map_err(Error::from) {
-            Ok(()) => Run::Answered(Ok(Response::from_parts(head, full(body)))),
-            Err(err) if err.is_connection() => {
-                tracing::warn!("idempotency: the answer to COMMIT was lost: {}", err.redacted());
-                Run::Lost(Some((head, body)))
+    }
+
+    /// Where this layer's claims go.
+    fn flow(&self) -> Flow<'_> {
+        Flow { pool: &self.pool, one_transaction: self.one_transaction }
+    }
+
+    /// Commits the handler's work with its stored response.
+    async fn commit<B, E>(&self, transaction: Transaction<'static, Postgres>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
+        let stored = self.to_store(&head, &body);
+        let owner = claimed.map(|claimed| &claimed.owner);
+        let ended = self.flow().complete_and_commit(transaction, owner, stored.status_code, &pairs(&stored), &stored.body).await;
+        match ended {
+            Ended::Committed => Run::Answered(Ok(Response::from_parts(head, full(body)))),
+            // A retry took the key over: its answer is the one that counts.
+            Ended::ClaimLost => Run::Answered(Ok(Problem::ClaimLost.response())),
+            Ended::LostBeforeCommit => Run::Lost(None),
+            Ended::LostAtCommit => Run::Lost(Some((head, body))),
+            Ended::NotStored(_) => {
+                self.abandon(None, claimed, None).await;
+                Run::Answered(Ok(Problem::RolledBack.response()))
             }
-            Err(err) => {
-                // The server refused the COMMIT (a deferred constraint): it rolled back.
-                tracing::error!("idempotency: COMMIT failed: {}", err.redacted());
+            Ended::Refused(_) => {
                 if let Some(claimed) = claimed.filter(|_| !self.one_transaction) {
-                    self.release(&claimed.owner).await;
+                    self.flow().release(&claimed.owner).await;
                 }
                 Run::Answered(Ok(Problem::RolledBack.response()))
             }
@@ -558,10 +586,10 @@ impl IdempotencyLayer {
     /// and executed in two exchanges), which a transaction pooler keeps on
     /// one server connection only inside a transaction.
     async fn complete_alone<B, E>(&self, owner: &Owner, head: response::Parts, body: Bytes) -> Run<B, E> {
-        let headers = self.headers_to_store(&head);
+        let response = self.to_store(&head, &body);
         let stored = async {
             let mut transaction = self.pool.begin().await?;
-            let done = owner.complete(&mut *transaction, head.status.as_u16(), &headers, &body).await?;
+            let done = owner.complete(&mut *transaction, response.status_code, &pairs(&response), &response.body).await?;
             transaction.commit().await?;
             Ok::<_, Error>(done)
         };
@@ -574,7 +602,7 @@ impl IdempotencyLayer {
             }
             Err(err) => {
                 tracing::error!("idempotency: could not store the response: {}", err.redacted());
-                self.release(owner).await;
+                self.flow().release(owner).await;
                 Run::Answered(Ok(Problem::RolledBack.response()))
             }
         }
@@ -593,46 +621,45 @@ impl IdempotencyLayer {
         let owner = match (self.one_transaction, server_error) {
             (false, _) => claimed.owner.clone(),
             (true, None) => return,
-            (true, Some(_)) => match self.claim_alone(&claimed.owner.key, claimed.fingerprint, claimed.options).await {
+            (true, Some(_)) => match self.flow().claim_alone(&claimed.owner.key, claimed.fingerprint, claimed.options).await {
                 Ok(Outcome::New(owner)) => owner,
                 _ => return, // nothing of this request is held
             },
         };
         if let Some((head, body)) = server_error {
-            let status = head.status.as_u16();
-            match owner.complete(&self.pool, status, &self.headers_to_store(head), body).await {
+            let stored = self.to_store(head, body);
+            match owner.complete(&self.pool, stored.status_code, &pairs(&stored), &stored.body).await {
                 Ok(_) | Err(Error::ClaimLost(_)) => return,
                 Err(_) => {} // too large to store, say: release it
             }
         }
-        self.release(&owner).await;
+        self.flow().release(&owner).await;
     }
 
-    /// Frees the key on a connection of the pool; its lease frees it otherwise.
-    async fn release(&self, owner: &Owner) {
-        if let Err(err) = owner.release(&self.pool).await {
-            tracing::error!(
-                "idempotency: could not release key {}; it frees when its lease ends: {}",
-                key_hash(&owner.key),
-                err.redacted()
-            );
-        }
-    }
-
-    /// The response headers to store, as name-value pairs.
-    fn headers_to_store<'a>(&'a self, head: &'a response::Parts) -> Vec<(&'a str, &'a str)> {
-        let mut pairs = Vec::new();
+    /// What is stored of a response: its status, the headers to store and
+    /// its body, as the redact hook leaves them.
+    fn to_store(&self, head: &response::Parts, body: &Bytes) -> StoredResponse {
+        let mut headers = Vec::new();
         // The body is stored as sent: its Content-Encoding (a compression layer inside) goes with it.
         let encoding = Some(&CONTENT_ENCODING).filter(|name| !self.stored_headers.contains(name));
         for name in self.stored_headers.iter().chain(encoding) {
             for value in head.headers.get_all(name) {
                 if let Ok(value) = value.to_str() {
-                    pairs.push((name.as_str(), value));
+                    headers.push((name.as_str().to_owned(), value.to_owned()));
                 }
             }
         }
-        pairs
+        let stored = StoredResponse { status_code: head.status.as_u16(), headers, body: body.to_vec() };
+        match &self.redact {
+            Some(redact) => redact(stored),
+            None => stored,
+        }
     }
+}
+
+/// The headers of a stored response as `complete` takes them.
+fn pairs(stored: &StoredResponse) -> Vec<(&str, &str)> {
+    stored.headers.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect()
 }
 
 /// The 503 after runs whose connection broke: whether the last may have committed.
@@ -641,12 +668,6 @@ fn lost_answer<B>(lost: Option<Option<(response::Parts, Bytes)>>) -> Answer<B> {
         Some(_) => Problem::Interrupted.response(),
         None => Problem::RolledBack.response(),
     }
-}
-
-/// True when a call reached a connection and its answer was lost (not when
-/// no connection could be had: the pool already waited for one).
-fn answer_lost(err: &Error) -> bool {
-    err.is_connection() && !matches!(err, Error::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed))
 }
 
 /// Calls the inner service and passes its response through.
@@ -685,31 +706,6 @@ where
         Err(err) => Err(err),
     };
     (handled, loan.handler_finished())
-}
-
-/// Frees the key of a run whose future is dropped before the layer ended it
-/// (a timeout outside the layer, a panic), so that a retry runs at once
-/// instead of waiting for the lease. Its transaction rolls back as it drops.
-struct FreeOnDrop {
-    pool: PgPool,
-    owner: Option<Owner>,
-}
-
-impl Drop for FreeOnDrop {
-    /// Releases the key in a task of its own.
-    fn drop(&mut self) {
-        let (Some(owner), Ok(runtime)) = (self.owner.take(), tokio::runtime::Handle::try_current()) else { return };
-        let pool = self.pool.clone();
-        tracing::warn!("idempotency: the request was dropped while its handler ran; freeing its key");
-        runtime.spawn(async move {
-            if let Err(err) = owner.release(&pool).await {
-                tracing::error!(
-                    "idempotency: could not free the key of a dropped request; it frees when its lease ends: {}",
-                    err.redacted()
-                );
-            }
-        });
-    }
 }
 
 /// Reads the whole request body, up to `limit` bytes.

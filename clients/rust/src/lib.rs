@@ -14,12 +14,18 @@
 //! - [`claim`], [`Owner::complete`], [`Owner::release`], [`Owner::extend`],
 //!   [`Owner::checkpoint`], [`lookup`]: the SQL API with typed outcomes on
 //!   any SQLx executor, and [`Error::ClaimLost`] for IK001.
+//! - [`idempotent`] and [`Function`]: an idempotent function beyond HTTP (a
+//!   job, a message): the work runs once per key with a transaction that
+//!   commits with its stored result (serde JSON), and a duplicate gets that
+//!   result back; the same flow as the layer.
 //! - [`fingerprint`]: the request hash, equal to `idempotency.fingerprint()`.
 
 mod body;
 mod client;
 mod error;
 mod fingerprint;
+mod flow;
+mod function;
 mod key;
 mod layer;
 mod problem;
@@ -31,8 +37,9 @@ pub use body::{IdempotencyBody, RequestBody, ResponseBody};
 pub use client::{ClaimOptions, Completion, Outcome, Owner, Record, State, StoredResponse, claim, lookup};
 pub use error::Error;
 pub use fingerprint::fingerprint;
+pub use function::{FUNCTION_WAIT, Function, FunctionError, Work, arguments_fingerprint, idempotent};
 pub use key::{IDEMPOTENCY_KEY, parse_key};
-pub use layer::{Idempotency, IdempotencyLayer, ONE_TRANSACTION_WAIT, credential_scope};
+pub use layer::{Idempotency, IdempotencyLayer, ONE_TRANSACTION_WAIT, body_key, credential_scope};
 pub use tx::{Tx, TxGuard};
 
 /// The Rust snippets of README.md, compiled by `cargo test`.

@@ -15,6 +15,7 @@ use crate::{Error, StoredResponse};
 pub(crate) enum Problem {
     KeyMissing,
     KeyInvalid(&'static str),
+    Unverified,
     InProgress { retry_after: u32 },
     Mismatch,
     ClaimLost,
@@ -54,6 +55,12 @@ impl Problem {
                 "This request needs an Idempotency-Key header.",
             ),
             Problem::KeyInvalid(why) => (StatusCode::BAD_REQUEST, "Bad Request", "idempotency_key_invalid", why),
+            Problem::Unverified => (
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "webhook_unverified",
+                "The request could not be verified (its signature or timestamp); nothing was claimed.",
+            ),
             Problem::InProgress { .. } => (
                 StatusCode::CONFLICT,
                 "Conflict",

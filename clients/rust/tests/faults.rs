@@ -235,3 +235,41 @@ async fn a_commit_lost_with_no_claim_to_tell_is_a_503_that_does_not_say_nothing_
     assert_eq!((runs.load(SeqCst), count_rows(&connect().await, &table).await), (1, 1), "it did run, once");
     assert_completed(&key).await; // a retry with the key replays it
 }
+
+/// The idempotent function on the proxy's pool with `fault` armed: returns
+/// what it returned, how often its closure ran, and its table's rows.
+async fn function_fault(fault: &str, one_transaction: bool) -> (i64, usize, i64) {
+    let proxy = FaultProxy::start();
+    let (table, runs) = table_and_counter("fn_fault").await;
+    proxy.command(fault).await;
+    let function = pg_idempotency::Function::new(proxy.pool()).one_transaction(one_transaction);
+    let charged = function
+        .run(&unique("fn"), &1, |work: pg_idempotency::Work| {
+            let (table, runs) = (table.clone(), runs.clone());
+            async move {
+                runs.fetch_add(1, SeqCst);
+                Ok::<_, String>(common::charge(work.tx(), &table).await)
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(proxy.cuts().await, 1, "the proxy cut one answer ({fault})");
+    (charged, runs.load(SeqCst), count_rows(&connect().await, &table).await)
+}
+
+#[tokio::test]
+async fn a_function_whose_commit_answer_is_lost_returns_what_committed() {
+    for one_transaction in [true, false] {
+        let (charged, runs, rows) = function_fault(CUT_COMMIT, one_transaction).await;
+        assert_eq!((runs, rows), (1, 1), "one_transaction {one_transaction}: ran once, charged once");
+        assert!(charged > 0);
+    }
+}
+
+#[tokio::test]
+async fn a_function_whose_connection_broke_before_commit_runs_again() {
+    for one_transaction in [true, false] {
+        let (_, runs, rows) = function_fault(CUT_COMPLETE, one_transaction).await;
+        assert_eq!((runs, rows), (2, 1), "one_transaction {one_transaction}: ran again, charged once");
+    }
+}

@@ -57,21 +57,7 @@ async fn first_running(address: SocketAddr, key: &str, runs: &AtomicUsize) -> Jo
 
 /// Returns once a backend whose statement names `key` waits for a lock (bounded).
 async fn wait_for_lock_wait(key: &str) {
-    let db = connect().await;
-    for _ in 0..500 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
-        )
-        .bind(key)
-        .fetch_one(&db)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no claim of {key} came to wait");
+    common::wait_for_backend(key, "wait_event_type = 'Lock'").await;
 }
 
 #[tokio::test]

@@ -7,7 +7,9 @@
 //! authentication: `token=account,...`; a key belongs to the account, so a
 //! refreshed token still meets it); for the tests, IDEMPOTENCY_LEASE (an
 //! interval; unset: the database's `idempotency.lease`), IDEMPOTENCY_FAIL_OPEN=on and
-//! IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction).
+//! IDEMPOTENCY_ONE_TRANSACTION=on (the claim in the charge's transaction);
+//! WEBHOOK_SECRET (`whsec_...`): also serve POST /webhooks, a Standard
+//! Webhooks receiver that charges each event's `data.amount` once.
 //! Listens on 127.0.0.1.
 
 use std::collections::HashMap;
@@ -25,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pg_idempotency::{IdempotencyLayer, Tx, credential_scope};
+use standardwebhooks::Webhook;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -66,12 +69,15 @@ async fn serve() -> Result<(), Box<dyn Error>> {
     let accounts = Arc::new(accounts_of(&env::var("ACCOUNTS").unwrap_or_default())?);
 
     // The last layer is the outermost: authentication, then the idempotency key.
-    let app = Router::new()
-        .route("/", get(health))
-        .route("/payments", post(pay))
-        .fallback(not_found)
-        .layer(layer)
-        .layer(middleware::from_fn_with_state(accounts, authenticate));
+    let mut app = Router::new().route("/", get(health)).route("/payments", post(pay)).fallback(not_found).layer(layer);
+    if let Ok(secret) = env::var("WEBHOOK_SECRET") {
+        // Verified before the claim, keyed by webhook-id, scoped by the sender.
+        let webhook = Webhook::new(&secret).map_err(|err| format!("WEBHOOK_SECRET: {err}"))?;
+        let receiver = IdempotencyLayer::new(pool.clone())
+            .standard_webhooks(move |body, headers| webhook.verify(body, headers), "standard-webhooks");
+        app = app.route("/webhooks", post(receive).layer(receiver));
+    }
+    let app = app.layer(middleware::from_fn_with_state(accounts, authenticate));
     let port: u16 = env::var("PORT").unwrap_or_else(|_| "3000".into()).parse()?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     eprintln!("listening on http://{}", listener.local_addr()?);
@@ -183,6 +189,24 @@ async fn pay(tx: Option<Tx>, body: Bytes) -> Response {
         return json_response(StatusCode::INTERNAL_SERVER_ERROR, error);
     }
     json_response(StatusCode::CREATED, json!({ "charge": charge }))
+}
+
+/// POST /webhooks: charges the event's `data.amount` (after `data.delay_ms`)
+/// in the delivery's transaction, as POST /payments does, and answers 200.
+async fn receive(tx: Tx, body: Bytes) -> Response {
+    let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let payment = match parse_payment(&serde_json::to_vec(&event["data"]).unwrap_or_default()) {
+        Ok(payment) => payment,
+        Err(why) => return json_response(StatusCode::BAD_REQUEST, json!({ "error": why })),
+    };
+    tokio::time::sleep(payment.delay).await;
+    match insert_charge(&tx, &payment.amount).await {
+        Ok(charge) => json_response(StatusCode::OK, json!({ "charge": charge })),
+        Err(err) => {
+            eprintln!("payments: could not charge: {err}");
+            json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({"error": "the charge could not be written"}))
+        }
+    }
 }
 
 /// Reads `{"amount": N > 0, "delay_ms"?: N, "fail"?: bool}`.

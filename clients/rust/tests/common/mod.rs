@@ -193,3 +193,18 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
         raw = &raw[size + 2..];
     }
 }
+
+/// Returns once another backend whose statement names `key` is in the
+/// state `condition` (SQL on pg_stat_activity) says, polling (bounded).
+pub async fn wait_for_backend(key: &str, condition: &str) {
+    let db = connect().await;
+    let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE {condition} AND strpos(query, $1) > 0 AND pid <> pg_backend_pid()");
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(&sql).bind(key).fetch_one(&db).await.unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no statement of {key} came to {condition}");
+}
