@@ -114,6 +114,9 @@ class IdempotencyMiddleware:
             except ClaimLost:
                 # Its writes roll back when the connection goes back, before the answer goes out.
                 return contract.claim_lost()
+            except contract.RedactFailed as err:
+                await self._abandon(held.conn, pending)
+                return contract.redact_failed(pending, err)
             except psycopg.Error as err:
                 if pending.fence is None or not contract.answer_lost(err):
                     await self._abandon(held.conn, pending)
@@ -140,10 +143,9 @@ class IdempotencyMiddleware:
         if pending.fence is None:
             await conn.commit()
             return
-        await self.client.complete(
-            pending.key, pending.fence, answer.status, answer.body,
-            contract.headers_to_store(answer.headers, self.options),
-            scope=pending.scope, conn=conn, commit=True)
+        stored = contract.to_store(answer, self.options)
+        await self.client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
+                                   scope=pending.scope, conn=conn, commit=True)
 
     async def _abandon(self, conn, pending: contract.Pending,
                        failed: Optional[contract.Answer] = None) -> None:

@@ -46,6 +46,7 @@ PROBLEMS = {
     "webhook_unverified": (400, "The webhook did not verify."),
     "webhook_rejected": (400, "The webhook's event cannot be processed."),
     "webhook_handler_failed": (500, "The webhook's handler failed; deliver it again."),
+    "idempotency_redact_failed": (500, "The response could not be redacted for storing; nothing was kept."),
 }
 
 
@@ -54,6 +55,21 @@ class Answer(NamedTuple):
     status: int
     headers: List[Tuple[str, str]]
     body: bytes
+
+
+class Stored(NamedTuple):
+    """A response as complete() stores it: what the redact option gets and returns."""
+    status: int
+    headers: dict
+    body: bytes
+
+
+class RedactFailed(Exception):
+    """The redact option raised (the cause): nothing is stored, the key is released."""
+
+
+class Unverified(Exception):
+    """A delivery of a webhook source that did not verify (400), refused before any claim."""
 
 
 class Pending(NamedTuple):
@@ -91,6 +107,8 @@ class Options:
     tracer_provider: Any = None
     one_transaction: bool = False
     wait: Interval = None
+    redact: Optional[Callable[[Stored], Stored]] = None
+    source: Any = None
 
     def __post_init__(self):
         """Normalises the case of methods and header names; one transaction
@@ -279,12 +297,11 @@ def after_lost_commit(claim: Claim, answer: Answer, options: Options) -> Answer:
     return answer if claim.outcome == "replay" else claim_lost()
 
 
-def server_error(pending: Pending, failed: Answer, options: Options) -> dict:
-    """The arguments of keep_server_error() for a 5xx in one transaction."""
-    return {"key": pending.key, "fingerprint": pending.fingerprint, "status_code": failed.status,
-            "body": failed.body, "headers": headers_to_store(failed.headers, options),
-            "scope": pending.scope, "lease": options.lease, "retention": options.retention,
-            "wait": options.wait}
+def redact_failed(pending: Pending, err: RedactFailed) -> Answer:
+    """The 500 when the redact option failed: the work's writes roll back and
+    its key is released, as for a handler that raised (logged)."""
+    log.error("idempotency: the response of %r was not stored: %s", pending.key, err)
+    return problem("idempotency_redact_failed")
 
 
 def claim_lost() -> Answer:
@@ -358,6 +375,23 @@ def _header_pairs(stored: dict) -> Iterable[Tuple[str, str]]:
 # Stored with the body whatever store_headers says: without it the stored
 # bytes (compressed by a middleware inside this one) cannot be read.
 BODY_HEADERS = frozenset({"content-encoding"})
+
+
+def to_store(answer: Answer, options: Options) -> Stored:
+    """Returns what complete() stores of a response: its status, the headers
+    a replay repeats and its body, as the redact option changes them (the
+    live response is left as it is). Raises RedactFailed when redact raises
+    or returns something else than a Stored."""
+    stored = Stored(answer.status, headers_to_store(answer.headers, options), bytes(answer.body))
+    if options.redact is None:
+        return stored
+    try:
+        redacted = options.redact(stored)
+    except Exception as err:
+        raise RedactFailed(f"the redact option raised: {err!r}") from err
+    if not isinstance(redacted, Stored):
+        raise RedactFailed(f"the redact option returned {type(redacted).__name__}, not a Stored")
+    return redacted
 
 
 def headers_to_store(headers: Iterable[Tuple[str, str]], options: Options) -> dict:

@@ -66,8 +66,8 @@ class _Step(NamedTuple):
 class IdempotencyMiddleware:
     """Guards the project's POST and PATCH requests with Idempotency-Key.
     Settings: IDEMPOTENCY, a dict of contract.Options and "using" (the
-    database alias, default "default"); "scope", "exempt" and
-    "tracer_provider" may be dotted paths."""
+    database alias, default "default"); "scope", "exempt", "redact",
+    "source" and "tracer_provider" may be dotted paths."""
 
     sync_capable = True
     async_capable = True
@@ -80,7 +80,7 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
         options = dict(getattr(settings, "IDEMPOTENCY", {}))
         self.using = options.pop("using", "default")
-        for name in ("scope", "exempt", "tracer_provider"):
+        for name in ("scope", "exempt", "tracer_provider", "redact", "source"):
             if isinstance(options.get(name), str):
                 options[name] = import_string(options[name])
         self.options = contract.Options(**options)
@@ -185,8 +185,7 @@ class IdempotencyMiddleware:
                     return attempt
                 pending = attempt.pending
                 response = self.get_response(request)
-                attempt = _Attempt(response, _content(response), pending=pending)
-                return attempt._replace(failed=self._store(request, pending, response, attempt.body))
+                return self._store(request, _Attempt(response, _content(response), pending=pending))
         except DatabaseError as err:
             return attempt._replace(error=err)
 
@@ -202,9 +201,8 @@ class IdempotencyMiddleware:
             if not (attempt.settled or attempt.unguarded):
                 pending = attempt.pending
                 response = await self.get_response(request)
-                attempt = _Attempt(response, await _acontent(response), pending=pending)
-                attempt = attempt._replace(
-                    failed=await sync_to_async(self._store)(request, pending, response, attempt.body))
+                attempt = await sync_to_async(self._store)(
+                    request, _Attempt(response, await _acontent(response), pending=pending))
         except BaseException as err:
             # One call, so that it runs to its end even if this task is cancelled again.
             await sync_to_async(self._leave_failed)(atomic, err, attempt.pending)
@@ -252,15 +250,24 @@ class IdempotencyMiddleware:
         if not isinstance(err, DatabaseError):
             self._abandon(pending)
 
-    def _store(self, request, pending: contract.Pending, response, body: bytes) -> bool:
+    def _store(self, request, attempt: _Attempt) -> _Attempt:
         """In the view's block: marks a failed view's writes for rollback, or
-        stores its response with complete(); returns whether it failed."""
-        failed = _failed(request, response)
-        if failed:
+        stores its response with complete(); returns the attempt, failed or
+        not (a redact option that raised fails it: its answer is a 500)."""
+        response = attempt.response
+        if _failed(request, response):
             transaction.set_rollback(True, using=self.using)
-        elif pending.fence is not None:
-            self._complete(pending, response.status_code, body, response.items())
-        return failed
+            return attempt._replace(failed=True)
+        if attempt.pending.fence is not None:
+            try:
+                self._complete(attempt.pending, contract.Answer(response.status_code, list(response.items()),
+                                                                attempt.body))
+            except contract.RedactFailed as err:
+                transaction.set_rollback(True, using=self.using)
+                request._idempotency_raised = True   # released, not stored
+                return attempt._replace(response=_response(contract.redact_failed(attempt.pending, err)),
+                                        failed=True)
+        return attempt
 
     def _settle(self, request, pending: contract.Pending, attempt: _Attempt) -> _Step:
         """After an attempt: the response, or, when the COMMIT's answer was
@@ -336,10 +343,11 @@ class IdempotencyMiddleware:
                                 lease=self.options.lease, retention=self.options.retention,
                                 wait=self.options.wait, token=pending.token)
 
-    def _complete(self, pending: contract.Pending, status: int, body: bytes, headers) -> str:
+    def _complete(self, pending: contract.Pending, answer: contract.Answer) -> str:
         """Stores a response with complete() on Django's connection."""
-        return self.calls.complete(pending.key, pending.fence, status, body,
-                                   contract.headers_to_store(headers, self.options), scope=pending.scope)
+        stored = contract.to_store(answer, self.options)
+        return self.calls.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
+                                   scope=pending.scope)
 
 
 class _Calls:

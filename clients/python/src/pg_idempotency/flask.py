@@ -145,6 +145,8 @@ class Idempotency:
                 return _done(response)
             except ClaimLost:
                 return _done(_response(contract.claim_lost()))   # _teardown rolls back
+            except contract.RedactFailed as err:
+                return _response(contract.redact_failed(pending, err))   # _teardown releases the key
             except psycopg.Error as err:
                 if pending.fence is None or not contract.answer_lost(err):
                     self._abandon(g.db, _done(pending))
@@ -166,8 +168,9 @@ class Idempotency:
         if pending.fence is None:
             g.db.commit()
             return
-        self.client.complete(pending.key, pending.fence, response.status_code, response.get_data(),
-                             contract.headers_to_store(response.headers.items(), self.options),
+        stored = contract.to_store(contract.Answer(response.status_code, list(response.headers.items()),
+                                                   response.get_data()), self.options)
+        self.client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
                              scope=pending.scope, conn=g.db, commit=True)
 
     def _abandon(self, conn, pending: contract.Pending,

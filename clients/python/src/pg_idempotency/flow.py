@@ -99,17 +99,17 @@ def end_claim(client, conn, pending: contract.Pending, options: contract.Options
     that setting is written."""
     if pending.fence is None:
         return
+    stored = _failure_to_store(pending, failed, options)
     if options.one_transaction:
-        if failed is not None:
+        if stored is not None:
             try:
-                client.keep_server_error(conn=conn, **contract.server_error(pending, failed, options))
+                client.keep_server_error(conn=conn, **_kept_arguments(pending, stored, options))
             except errors.kind as err:
                 _log_unkept(pending, failed, err)
         return
-    if failed is not None:
+    if stored is not None:
         try:
-            client.complete(pending.key, pending.fence, failed.status, failed.body,
-                            contract.headers_to_store(failed.headers, options),
+            client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
                             scope=pending.scope, conn=conn, commit=True)
             return
         except ClaimLost:
@@ -124,6 +124,26 @@ def end_claim(client, conn, pending: contract.Pending, options: contract.Options
         _log_unreleased(pending, err)
 
 
+def _failure_to_store(pending: contract.Pending, failed: Optional[contract.Answer],
+                      options: contract.Options) -> Optional[contract.Stored]:
+    """What complete() gets of a 5xx (contract.to_store); None without one,
+    or when the redact option failed on it (the key is released)."""
+    if failed is None:
+        return None
+    try:
+        return contract.to_store(failed, options)
+    except contract.RedactFailed as err:
+        contract.log.error("idempotency: the %d of %r is not stored: %s", failed.status, pending.key, err)
+        return None
+
+
+def _kept_arguments(pending: contract.Pending, stored: contract.Stored, options: contract.Options) -> dict:
+    """The arguments of keep_server_error() for a 5xx in one transaction."""
+    return {"key": pending.key, "fingerprint": pending.fingerprint, "status_code": stored.status,
+            "body": stored.body, "headers": stored.headers, "scope": pending.scope,
+            "lease": options.lease, "retention": options.retention, "wait": options.wait}
+
+
 async def aabandon(client, conn, pending: contract.Pending, options: contract.Options,
                    failed: Optional[contract.Answer] = None) -> None:
     """As abandon, on an AsyncClient."""
@@ -133,17 +153,17 @@ async def aabandon(client, conn, pending: contract.Pending, options: contract.Op
         conn = _broken(pending, err)
     if pending.fence is None:
         return
+    stored = _failure_to_store(pending, failed, options)
     if options.one_transaction:
-        if failed is not None:
+        if stored is not None:
             try:
-                await client.keep_server_error(conn=conn, **contract.server_error(pending, failed, options))
+                await client.keep_server_error(conn=conn, **_kept_arguments(pending, stored, options))
             except psycopg.Error as err:
                 _log_unkept(pending, failed, err)
         return
-    if failed is not None:
+    if stored is not None:
         try:
-            await client.complete(pending.key, pending.fence, failed.status, failed.body,
-                                  contract.headers_to_store(failed.headers, options),
+            await client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
                                   scope=pending.scope, conn=conn, commit=True)
             return
         except ClaimLost:
