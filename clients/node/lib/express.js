@@ -40,6 +40,7 @@ const DEFAULTS = {
   tracerProvider: null, // where the spans go: null = OpenTelemetry's global tracer provider
   key: idempotencyKeyOf, // (req) => the key; undefined: none sent; null: malformed
   verify: null, // (req) => throws when the request is not authentic (a webhook's signature): 401, nothing claimed
+  redact: null, // ({ status, headers, body }) => what to store instead; the live response is unchanged
 };
 
 // How long, by default, a duplicate of a request running in one transaction waits for it.
@@ -146,7 +147,7 @@ function idempotency(pool, options = {}) {
   const { client, tracer } = flow;
   const {
     problem, replaceWith, replaceResponse, answer, answerClaimedAgain, invalidKey, unavailable, claimLost,
-    headersToStore,
+    toStore, redactFailed,
   } = httpAnswers(opts);
   if (opts.oneTransaction && !positive(wait))
     throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
@@ -327,8 +328,16 @@ function idempotency(pool, options = {}) {
       if (settled !== undefined) return settled;
     }
     if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
+    if (c) {
+      try {
+        c.stored = toStore(res, body);
+      } catch (err) {
+        await abandon(req, db, c, res, body, { release: true });
+        return redactFailed(res, err);
+      }
+    }
     try {
-      if (c) await flow.completeAndCommit(db, c, res.statusCode, body, headersToStore(res));
+      if (c) await flow.completeAndCommit(db, c, c.stored.status, c.stored.body, c.stored.headers);
       else await db.query('COMMIT');
       flow.checkin(db);
       return true;
@@ -370,7 +379,8 @@ function idempotency(pool, options = {}) {
     // ahead, nothing of it committed): its answer is the claim's own.
     if (first > 0 && claim.outcome !== 'new') return replaceWith(res, () => answerClaimedAgain(res, c, claim));
     if (claim.outcome === 'replay') {
-      if (claim.statusCode === res.statusCode && claim.body !== null && body.equals(claim.body)) return true;
+      const { status, body: stored } = c.stored;
+      if (claim.statusCode === status && claim.body !== null && stored.equals(claim.body)) return true;
       return replaceWith(res, () => answer(res, claim));
     }
     if (claim.outcome !== 'new') { // in_progress: the lease ended meanwhile and a retry took the key over
@@ -397,7 +407,8 @@ function idempotency(pool, options = {}) {
   }
 
   // Rolls back the writes of a 5xx handler (or of one a timeout answered
-  // for), then ends the claim: two transactions: complete with the 5xx,
+  // for, or whose response redact could not prepare: release), then ends
+  // the claim: two transactions: complete with the 5xx,
   // which releases the key (or, with idempotency.store_server_errors on,
   // stores the response for replay); one transaction: the claim rolled
   // back with the rest, and the 5xx is kept only with that setting on. An
@@ -405,13 +416,21 @@ function idempotency(pool, options = {}) {
   // stored: the key is released. The answer goes out either way. When the
   // connection is lost, the transaction is gone with it: what is left goes
   // through the pool.
-  async function abandon(req, db, c, res, body) {
-    const timedOut = Boolean(req.timedout);
+  async function abandon(req, db, c, res, body, { release = Boolean(req.timedout) } = {}) {
+    let stored = null;
+    if (c && !release) {
+      try {
+        stored = toStore(res, body);
+      } catch (err) {
+        opts.log(`the ${res.statusCode} is not stored: ${err.message}`);
+        release = true;
+      }
+    }
     const end = (on) => {
       if (!c) return null;
-      if (timedOut) return opts.oneTransaction ? null : client.release(c.key, c.fence, { db: on, scope: c.scope });
-      if (opts.oneTransaction) return flow.claimAndComplete(on, c, res.statusCode, body, headersToStore(res));
-      return client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
+      if (release) return opts.oneTransaction ? null : client.release(c.key, c.fence, { db: on, scope: c.scope });
+      if (opts.oneTransaction) return flow.claimAndComplete(on, c, stored.status, stored.body, stored.headers);
+      return client.complete(c.key, c.fence, stored.status, stored.body, stored.headers, { db: on, scope: c.scope });
     };
     const [rolledBack, ended] = await together(db, [() => db.query('ROLLBACK'), () => end(db)]);
     let broken = rolledBack.status === 'rejected' ? rolledBack.reason : undefined;
