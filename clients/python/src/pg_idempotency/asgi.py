@@ -38,16 +38,16 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = [(name.decode("latin-1").lower(), value) for name, value in scope["headers"]]
-        key, refusal = contract.read_key(headers, self.options)
-        if refusal:
-            await _send(send, refusal)
-            return
         body = await _read_body(receive)
         if body is None:
             return  # the client went away before sending its body
+        key, key_scope, refusal = contract.identify(self.options, scope, headers, body)
+        if refusal:
+            await _send(send, refusal)
+            return
         held = flow.AsyncHeld(self.pool)
         try:
-            answer = await self._serve(held, key, headers, scope, body, receive)
+            answer = await self._serve(held, key, key_scope, scope, body, receive)
             if answer is not None:
                 # The answer first: with one transaction, a replay's ROLLBACK comes after it.
                 await _send(send, answer)
@@ -57,13 +57,12 @@ class IdempotencyMiddleware:
         # fail_open without a connection
         await self.app(_with_db(scope, None), _replayed(body, receive), send)
 
-    async def _serve(self, held: flow.AsyncHeld, key: Optional[str], headers: contract.Headers,
+    async def _serve(self, held: flow.AsyncHeld, key: Optional[str], key_scope: str,
                      scope, body: bytes, receive) -> Optional[contract.Answer]:
-        """Claims the key and runs the app when it is new; returns the answer to send."""
+        """Claims the key (in key_scope) and runs the app when it is new; returns the answer to send."""
         pending = contract.Pending()
         if key is not None:
-            claim_scope = contract.claim_scope(self.options, scope, headers)
-            pending = contract.Pending(key, claim_scope, None, uuid.uuid4(), _fingerprint(scope, body))
+            pending = contract.Pending(key, key_scope, None, uuid.uuid4(), _fingerprint(scope, body))
             try:
                 claim, asked_again = await self._claim(held, pending)
             except psycopg.Error as err:

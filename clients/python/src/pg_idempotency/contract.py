@@ -69,7 +69,7 @@ class RedactFailed(Exception):
 
 
 class Unverified(Exception):
-    """A delivery of a webhook source that did not verify (400), refused before any claim."""
+    """A webhook delivery that did not verify (400), refused before any claim: the message says why."""
 
 
 class Pending(NamedTuple):
@@ -108,7 +108,7 @@ class Options:
     one_transaction: bool = False
     wait: Interval = None
     redact: Optional[Callable[[Stored], Stored]] = None
-    source: Any = None
+    source: Any = None   # a webhook source (pg_idempotency.webhooks): where the key and the scope come from
 
     def __post_init__(self):
         """Normalises the case of methods and header names; one transaction
@@ -202,6 +202,26 @@ def read_key(headers: Headers, options: Options) -> Tuple[Optional[str], Optiona
     if key is None and options.required:
         return None, problem("idempotency_key_missing")
     return key, None
+
+
+def identify(options: Options, request: Any, headers: Headers,
+             body: bytes) -> Tuple[Optional[str], str, Optional[Answer]]:
+    """Returns the request's (key, scope, None): from the Idempotency-Key
+    field and the scope option, or, with a source option (a webhook source
+    of pg_idempotency.webhooks), the delivery's verified event id and its
+    sender's scope; (None, '', None) for a missing optional key; (None, '',
+    the 400 answer) for a malformed key or a delivery that did not verify,
+    which is never claimed."""
+    if options.source is not None:
+        try:
+            event = options.source.event([(name, value.decode("latin-1")) for name, value in headers], body)
+        except Unverified as err:
+            return None, "", problem("webhook_unverified", str(err))
+        return event.key, event.scope, None
+    key, refusal = read_key(headers, options)
+    if key is None:
+        return None, "", refusal
+    return key, claim_scope(options, request, headers), None
 
 
 def credential_scope(headers: Headers) -> str:

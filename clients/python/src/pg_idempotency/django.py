@@ -146,16 +146,15 @@ class IdempotencyMiddleware:
         """Reads the key and claims it: returns (the answer, None) when the
         view must not run, else (None, the claim to run it under)."""
         headers = [(name.lower(), value.encode("latin-1")) for name, value in request.headers.items()]
-        key, refusal = contract.read_key(headers, self.options)
-        if refusal:
-            return _response(refusal), None
         try:
             body = request.body
         except RequestDataTooBig:
             return _response(contract.problem("request_body_too_large")), None
+        key, scope, refusal = contract.identify(self.options, request, headers, body)
+        if refusal:
+            return _response(refusal), None
         if key is None:
             return None, contract.Pending()
-        scope = contract.claim_scope(self.options, request, headers)
         pending = contract.Pending(key, scope, None, uuid.uuid4(),
                                    contract.wsgi_fingerprint(request.META, request.method, body))
         if self.options.one_transaction:
@@ -185,7 +184,8 @@ class IdempotencyMiddleware:
                     return attempt
                 pending = attempt.pending
                 response = self.get_response(request)
-                return self._store(request, _Attempt(response, _content(response), pending=pending))
+                attempt = self._store(request, _Attempt(response, _content(response), pending=pending))
+            return attempt   # the block committed (a failed COMMIT: below, with this attempt)
         except DatabaseError as err:
             return attempt._replace(error=err)
 
