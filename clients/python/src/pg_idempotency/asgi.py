@@ -125,10 +125,9 @@ class IdempotencyMiddleware:
                 claim, _ = await self._claim(held, pending)
             except psycopg.Error as err:
                 return contract.outcome_unknown(err)
-            if claim.outcome != "new":
-                return contract.after_lost_commit(claim, answer, self.options)
-            pending = pending._replace(fence=claim.fence)
-            contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
+            after, pending = flow.after_reclaim(claim, pending, answer, self.options)
+            if after is not None:
+                return after
         await self._abandon(held.conn, pending)
         return contract.outcome_unknown(lost)
 

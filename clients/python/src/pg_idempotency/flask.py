@@ -145,8 +145,6 @@ class Idempotency:
         fresh g.db, at most contract.RERUNS times."""
         for rerun in range(1 + contract.RERUNS):
             if rerun:
-                contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again",
-                                     pending.key)
                 response = current_app.make_response(current_app.dispatch_request())
             if contract.unfinished(response.status_code):
                 return response    # _teardown rolls back and releases the key
@@ -171,11 +169,10 @@ class Idempotency:
                 claim, _ = self._claim(pending)
             except psycopg.Error as again:
                 return _done(_response(contract.outcome_unknown(again)))
-            if claim.outcome != "new":
-                answer = contract.Answer(response.status_code, [], b"")
-                after = contract.after_lost_commit(claim, answer, self.options)
-                return _done(response if after is answer else _response(after))
-            pending = g.idempotency = pending._replace(fence=claim.fence)
+            after, pending = flow.after_reclaim(claim, pending, response, self.options)
+            if after is not None:
+                return _done(response if after is response else _response(after))
+            g.idempotency = pending
         return _response(contract.outcome_unknown(lost))    # _teardown releases the claim
 
     def _commit(self, pending: contract.Pending, response) -> None:

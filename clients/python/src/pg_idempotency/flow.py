@@ -74,6 +74,19 @@ async def aclaim_answered(client, pending: contract.Pending, options: contract.O
     raise AssertionError("unreachable")
 
 
+def after_reclaim(claim: Claim, pending: contract.Pending, live: object,
+                  options: contract.Options) -> Tuple[Optional[object], contract.Pending]:
+    """After a COMMIT whose answer was lost, what the claim asked again with
+    the token says. new: it rolled back, the work runs again under the
+    claim's fence: (None, that pending). Otherwise the answer to send, and
+    pending: live (the work's own response) when it committed, else
+    contract.after_lost_commit's answer."""
+    if claim.outcome == "new":
+        contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
+        return None, pending._replace(fence=claim.fence)
+    return contract.after_lost_commit(claim, live, options), pending
+
+
 def _log_lost_claim(pending: contract.Pending, err: BaseException) -> None:
     """Says that a claim is asked again."""
     contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s", pending.key, err)
