@@ -104,37 +104,55 @@ def abandon(client, conn, pending: contract.Pending, options: contract.Options,
 
 def end_claim(client, conn, pending: contract.Pending, options: contract.Options,
               failed: Optional[contract.Answer] = None, errors: Errors = PSYCOPG) -> None:
-    """Ends the claim after the work's writes rolled back: a 5xx response
-    (failed) goes to complete, which releases the key or, with
-    idempotency.store_server_errors on, stores the response; otherwise, or
-    when complete fails, the key is released for the next retry. With one
-    transaction the claim rolled back with the writes: only a 5xx kept by
-    that setting is written."""
+    """Ends the claim after the work's writes rolled back (_endings says how)."""
+    steps = _endings(pending, options, failed, errors)
+    step = next(steps, None)
+    while step is not None:
+        name, arguments = step
+        try:
+            getattr(client, name)(conn=conn, **arguments)
+            outcome = None
+        except (ClaimLost, errors.kind) as err:
+            outcome = err
+        step = _next_step(steps, outcome)
+
+
+def _endings(pending: contract.Pending, options: contract.Options, failed: Optional[contract.Answer],
+             errors: Errors):
+    """The calls that end a claim after the work's writes rolled back, as
+    (client method, its arguments), each sent back what it raised (None when
+    it succeeded): a 5xx response (failed) goes to complete, which releases
+    the key or, with idempotency.store_server_errors on, stores the response;
+    otherwise, or when complete fails, the key is released for the next
+    retry. With one transaction the claim rolled back with the writes: only
+    a 5xx kept by that setting is written."""
     if pending.fence is None:
         return
     stored = _failure_to_store(pending, failed, options)
     if options.one_transaction:
         if stored is not None:
-            try:
-                client.keep_server_error(conn=conn, **_kept_arguments(pending, stored, options))
-            except errors.kind as err:
+            err = yield "keep_server_error", _kept_arguments(pending, stored, options)
+            if err is not None:
                 _log_unkept(pending, failed, err)
         return
     if stored is not None:
-        try:
-            client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
-                            scope=pending.scope, conn=conn, commit=True)
-            return
-        except ClaimLost:
-            return  # a retry owns the key: nothing of ours to free
-        except errors.kind as err:  # 54000 (too large to store) among others
-            if errors.sqlstate(err) == "IK001":
-                return
-            _log_unended(pending, failed, err)
-    try:
-        client.release(pending.key, pending.fence, scope=pending.scope, conn=conn, commit=True)
-    except errors.kind as err:
+        err = yield "complete", {"key": pending.key, "fence": pending.fence, "status_code": stored.status,
+                                 "body": stored.body, "headers": stored.headers, "scope": pending.scope,
+                                 "commit": True}
+        if err is None or isinstance(err, ClaimLost) or errors.sqlstate(err) == "IK001":
+            return  # stored or released; or a retry owns the key: nothing of ours to free
+        _log_unended(pending, failed, err)   # 54000 (too large to store) among others
+    err = yield "release", {"key": pending.key, "fence": pending.fence, "scope": pending.scope, "commit": True}
+    if err is not None:
         _log_unreleased(pending, err)
+
+
+def _next_step(steps, outcome: Optional[BaseException]):
+    """Sends the outcome of a step of _endings; returns the next step, or None."""
+    try:
+        return steps.send(outcome)
+    except StopIteration:
+        return None
 
 
 def _failure_to_store(pending: contract.Pending, failed: Optional[contract.Answer],
@@ -164,29 +182,16 @@ async def aabandon(client, conn, pending: contract.Pending, options: contract.Op
         await conn.rollback()
     except psycopg.Error as err:
         conn = _broken(pending, err)
-    if pending.fence is None:
-        return
-    stored = _failure_to_store(pending, failed, options)
-    if options.one_transaction:
-        if stored is not None:
-            try:
-                await client.keep_server_error(conn=conn, **_kept_arguments(pending, stored, options))
-            except psycopg.Error as err:
-                _log_unkept(pending, failed, err)
-        return
-    if stored is not None:
+    steps = _endings(pending, options, failed, PSYCOPG)
+    step = next(steps, None)
+    while step is not None:
+        name, arguments = step
         try:
-            await client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
-                                  scope=pending.scope, conn=conn, commit=True)
-            return
-        except ClaimLost:
-            return  # a retry owns the key: nothing of ours to free
-        except psycopg.Error as err:  # 54000 (too large to store) among others
-            _log_unended(pending, failed, err)
-    try:
-        await client.release(pending.key, pending.fence, scope=pending.scope, conn=conn, commit=True)
-    except psycopg.Error as err:
-        _log_unreleased(pending, err)
+            await getattr(client, name)(conn=conn, **arguments)
+            outcome = None
+        except (ClaimLost, psycopg.Error) as err:
+            outcome = err
+        step = _next_step(steps, outcome)
 
 
 def _broken(pending: contract.Pending, err: BaseException) -> None:
