@@ -108,7 +108,8 @@ class IdempotencyMiddleware:
                 await self._abandon(held.conn, pending, None if answer.status < 500 else answer)
                 return answer
             try:
-                await self._commit(held.conn, pending, answer)
+                pending = contract.with_stored(pending, answer, self.options)
+                await self._commit(held.conn, pending)
                 return answer
             except ClaimLost:
                 # Its writes roll back when the connection goes back, before the answer goes out.
@@ -136,12 +137,12 @@ class IdempotencyMiddleware:
         return await flow.aclaim_answered(self.client, pending, self.options, held.take, held.give_back,
                                           self.pool.check)
 
-    async def _commit(self, conn, pending: contract.Pending, answer: contract.Answer) -> None:
-        """Stores the answer with complete() and commits the app's transaction."""
+    async def _commit(self, conn, pending: contract.Pending) -> None:
+        """Stores pending.stored with complete() and commits the app's transaction."""
         if pending.fence is None:
             await conn.commit()
             return
-        stored = contract.to_store(answer, self.options)
+        stored = pending.stored
         await self.client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
                                    scope=pending.scope, conn=conn, commit=True)
 

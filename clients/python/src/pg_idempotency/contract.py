@@ -74,12 +74,14 @@ class Unverified(Exception):
 
 class Pending(NamedTuple):
     """A covered request whose handler runs: its claim (fence None:
-    unguarded), and what claims it again: the token and the fingerprint."""
+    unguarded), what claims it again: the token and the fingerprint, and
+    what its last complete() stored, to know its own replay after a lost COMMIT."""
     key: Optional[str] = None
     scope: str = ""
     fence: Optional[int] = None
     token: Optional[UUID] = None
     fingerprint: Optional[bytes] = None
+    stored: Optional[Stored] = None
 
 
 # The pauses before each claim of a request asked again because the
@@ -306,15 +308,32 @@ def outcome_unknown(err: BaseException) -> Answer:
                    "retry it: it is replayed if it completed.", retry_after=1)
 
 
-def after_lost_commit(claim: Claim, answer: Answer, options: Options) -> Answer:
+def after_lost_commit(claim: Claim, answer: Answer, options: Options, stored: Optional[Stored] = None) -> Answer:
     """The answer when a claim asked again after a lost COMMIT is not new:
     replay, it committed (two transactions: the claim was ours, so this is
-    the handler's answer; one: the stored response, perhaps a duplicate's);
-    otherwise another request took the key (two transactions: 409 claim
-    lost; one: its claim's answer, 409 in progress)."""
+    the handler's answer; one: the handler's answer when the replay is of
+    what it stored, else the stored response, a duplicate's); otherwise
+    another request took the key (two transactions: 409 claim lost; one:
+    its claim's answer, 409 in progress)."""
     if options.one_transaction:
-        return answer_claim(claim)
+        return answer if own_replay(claim, stored) else answer_claim(claim)
     return answer if claim.outcome == "replay" else claim_lost()
+
+
+def own_replay(claim: Claim, stored: Optional[Stored]) -> bool:
+    """True when claim replays what this request stored (stored: what its
+    complete() stored before the COMMIT's answer was lost), not a
+    duplicate's response."""
+    return (stored is not None and claim.outcome == "replay" and claim.status_code == stored.status
+            and bytes(claim.body or b"") == stored.body)
+
+
+def with_stored(pending: Pending, answer: Answer, options: Options) -> Pending:
+    """pending with what complete() is to store of answer (to_store; it
+    raises RedactFailed); unguarded (no fence), pending as it is."""
+    if pending.fence is None:
+        return pending
+    return pending._replace(stored=to_store(answer, options))
 
 
 def redact_failed(pending: Pending, err: RedactFailed) -> Answer:

@@ -169,12 +169,13 @@ class IdempotencyMiddleware:
         attempt = _Attempt(pending=pending)
         try:
             with transaction.atomic(using=self.using):
-                attempt = self._claim_in_block(pending, again)
+                attempt = self._claim_in_block(request, pending, again)
                 if attempt.settled or attempt.unguarded:
                     return attempt
                 pending = attempt.pending
                 response = self.get_response(request)
-                attempt = self._store(request, _Attempt(response, _content(response), pending=pending))
+                attempt = _Attempt(response, _content(response), pending=pending)
+                attempt = self._store(request, attempt)
             return attempt   # the block committed (a failed COMMIT: below, with this attempt)
         except DatabaseError as err:
             return attempt._replace(error=err)
@@ -187,12 +188,12 @@ class IdempotencyMiddleware:
         await sync_to_async(atomic.__enter__)()
         attempt = _Attempt(pending=pending)
         try:
-            attempt = await sync_to_async(self._claim_in_block)(pending, again)
+            attempt = await sync_to_async(self._claim_in_block)(request, pending, again)
             if not (attempt.settled or attempt.unguarded):
                 pending = attempt.pending
                 response = await self.get_response(request)
-                attempt = await sync_to_async(self._store)(
-                    request, _Attempt(response, await _acontent(response), pending=pending))
+                attempt = _Attempt(response, await _acontent(response), pending=pending)
+                attempt = await sync_to_async(self._store)(request, attempt)
         except BaseException as err:
             # One call, so that it runs to its end even if this task is cancelled again.
             await sync_to_async(self._leave_failed)(atomic, err, attempt.pending)
@@ -205,12 +206,13 @@ class IdempotencyMiddleware:
             return attempt._replace(error=err)
         return attempt
 
-    def _claim_in_block(self, pending: contract.Pending, again: bool = False) -> _Attempt:
+    def _claim_in_block(self, request, pending: contract.Pending, again: bool = False) -> _Attempt:
         """With one transaction, in the view's block: claims the key (again:
         after a claim whose answer was lost). Returns the attempt to go
         on with (its pending holds the fence), or one settled by the claim's
-        answer (its transaction rolls back), or one to run unguarded; raises
-        when the claim's answer is lost."""
+        answer (its transaction rolls back: the view's own response when it
+        replays what the view stored before a lost COMMIT), or one to run
+        unguarded; raises when the claim's answer is lost."""
         if not (self.options.one_transaction and pending.key is not None):
             return _Attempt(pending=pending)
         try:
@@ -227,6 +229,8 @@ class IdempotencyMiddleware:
         answer = contract.answer_claim(claim, asked_again=again)
         if answer:
             transaction.set_rollback(True, using=self.using)
+            if contract.own_replay(claim, pending.stored):
+                return _Attempt(request._idempotency_ran, settled=True)
             return _Attempt(_response(answer), settled=True)
         return _Attempt(pending=pending._replace(fence=claim.fence))
 
@@ -250,8 +254,9 @@ class IdempotencyMiddleware:
             return attempt._replace(failed=True)
         if attempt.pending.fence is not None:
             try:
-                self._complete(attempt.pending, contract.Answer(response.status_code, list(response.items()),
-                                                                attempt.body))
+                attempt = attempt._replace(pending=contract.with_stored(attempt.pending, contract.Answer(
+                    response.status_code, list(response.items()), attempt.body), self.options))
+                self._complete(attempt.pending)
             except contract.RedactFailed as err:
                 transaction.set_rollback(True, using=self.using)
                 request._idempotency_raised = True   # released, not stored
@@ -275,6 +280,7 @@ class IdempotencyMiddleware:
         if _sqlstate(err) == IK001:
             return _Step(_response(contract.claim_lost()))
         if self.options.one_transaction:
+            request._idempotency_ran = attempt.response   # what a replay of its own sends
             return self._settle_lost(pending, err)
         if pending.fence is None or not contract.answer_lost(err.__cause__):
             self._abandon(pending)
@@ -342,9 +348,9 @@ class IdempotencyMiddleware:
                                 lease=self.options.lease, retention=self.options.retention,
                                 wait=self.options.wait, token=pending.token)
 
-    def _complete(self, pending: contract.Pending, answer: contract.Answer) -> str:
-        """Stores a response with complete() on Django's connection."""
-        stored = contract.to_store(answer, self.options)
+    def _complete(self, pending: contract.Pending) -> str:
+        """Stores pending.stored with complete() on Django's connection."""
+        stored = pending.stored
         return self.calls.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
                                    scope=pending.scope)
 

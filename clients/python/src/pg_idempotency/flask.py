@@ -154,7 +154,9 @@ class Idempotency:
                     response.status_code, list(response.headers.items()), response.get_data())
                 return response
             try:
-                self._commit(pending, response)
+                pending = contract.with_stored(pending, contract.Answer(
+                    response.status_code, list(response.headers.items()), response.get_data()), self.options)
+                self._commit(pending)
                 return _done(response)
             except ClaimLost:
                 return _done(_response(contract.claim_lost()))   # _teardown rolls back
@@ -175,13 +177,12 @@ class Idempotency:
             g.idempotency = pending
         return _response(contract.outcome_unknown(lost))    # _teardown releases the claim
 
-    def _commit(self, pending: contract.Pending, response) -> None:
-        """Stores the response with complete() and commits the view's transaction."""
+    def _commit(self, pending: contract.Pending) -> None:
+        """Stores pending.stored with complete() and commits the view's transaction."""
         if pending.fence is None:
             g.db.commit()
             return
-        stored = contract.to_store(contract.Answer(response.status_code, list(response.headers.items()),
-                                                   response.get_data()), self.options)
+        stored = pending.stored
         self.client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
                              scope=pending.scope, conn=g.db, commit=True)
 

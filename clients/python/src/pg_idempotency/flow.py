@@ -80,11 +80,11 @@ def after_reclaim(claim: Claim, pending: contract.Pending, live: object,
     the token says. new: it rolled back, the work runs again under the
     claim's fence: (None, that pending). Otherwise the answer to send, and
     pending: live (the work's own response) when it committed, else
-    contract.after_lost_commit's answer."""
+    contract.after_lost_commit's answer (pending.stored tells its own replay)."""
     if claim.outcome == "new":
         contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
         return None, pending._replace(fence=claim.fence)
-    return contract.after_lost_commit(claim, live, options), pending
+    return contract.after_lost_commit(claim, live, options, pending.stored), pending
 
 
 def _log_lost_claim(pending: contract.Pending, err: BaseException) -> None:
