@@ -1,6 +1,7 @@
-"""The HTTP contract (docs/http-contract.md), shared by the Flask and ASGI
-middlewares: the Idempotency-Key field, the scope, the request's
-fingerprint, the answers (problem+json, replays) and the options.
+"""The HTTP contract (docs/http-contract.md), shared by the middlewares
+(Flask, ASGI, Django): the Idempotency-Key field or a webhook key source,
+the scope, the request's fingerprint, what is stored of a response (the
+redact option), the answers (problem+json, replays) and the options.
 
 Nothing here does I/O or knows a framework: headers come in as pairs of
 (lowercase name, raw bytes), answers go out as an Answer.
@@ -97,7 +98,7 @@ class InvalidKey(ValueError):
 
 @dataclass
 class Options:
-    """The middleware's options (see README.md); both middlewares take them as keywords."""
+    """The middleware's options (see README.md); every middleware takes them as keywords."""
     methods: Iterable[str] = ("POST", "PATCH")
     required: bool = True
     fail_open: bool = False

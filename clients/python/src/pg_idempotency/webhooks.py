@@ -21,12 +21,13 @@ Or as a middleware's key source, the view guarded as any other::
 
     Idempotency(blueprint, pool=pool, **standard_webhook("whsec_...", sender="acme"))
 
-Answers of a WebhookReceiver: 200 with the handler's result as JSON (a redelivery gets the stored
-one, ``Idempotent-Replayed: true``); 409 + Retry-After while a delivery of
-the event runs; 422 when the event id comes again with another payload;
-400 when the handler raised a final error (``final=``: stored, every
-redelivery gets it); 500 when it raised another (the key is released: the
-sender's retry runs it); 503 when the database cannot be reached.
+Answers of a WebhookReceiver: 200 with the handler's result as JSON (a
+redelivery gets the stored one, ``Idempotent-Replayed: true``); 409 +
+Retry-After while a delivery of the event runs; 422 when the event id comes
+again with another payload; 400 when the handler raised a final error
+(``final=``: stored, every redelivery gets it); 500 when it raised another
+(the key is released: the sender's retry runs it); 503 when the database
+cannot be reached.
 """
 
 from __future__ import annotations
