@@ -124,7 +124,16 @@ export class ClaimLostError extends Error {
 
 export type ProblemCode =
   | 'idempotency_key_missing' | 'idempotency_key_invalid' | 'idempotency_key_in_progress'
-  | 'idempotency_key_mismatch' | 'idempotency_claim_lost' | 'idempotency_unavailable' | 'webhook_unverified';
+  | 'idempotency_key_mismatch' | 'idempotency_claim_lost' | 'idempotency_unavailable' | 'webhook_unverified'
+  | 'idempotency_redact_failed';
+
+/** A response as complete stores it: what the redact option gets and returns. */
+export interface StoredResponse {
+  status: number;
+  /** The headers a replay repeats (storeHeaders), as { name: value or values }. */
+  headers: Record<string, string | string[]>;
+  body: Buffer;
+}
 
 export interface MiddlewareOptions {
   /** The methods that take a key (default POST, PATCH). */
@@ -167,6 +176,8 @@ export interface MiddlewareOptions {
   key?: (req: IncomingMessage & { body?: unknown }) => string | null | undefined;
   /** Runs before anything is claimed; throws when the request is not authentic (a webhook's signature): 401 webhook_unverified. */
   verify?: ((req: IncomingMessage & { rawBody: Buffer }) => void | Promise<void>) | null;
+  /** What complete stores of a response (default null: the response itself); the live response is unchanged, a replay sends what was stored; a redact that throws stores nothing: 500 idempotency_redact_failed. */
+  redact?: ((stored: StoredResponse) => { status: number; headers: Record<string, string | string[]>; body: Buffer | string }) | null;
 }
 
 /** What verifies a Standard Webhooks delivery: new Webhook(secret) of the package standardwebhooks. */

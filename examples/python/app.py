@@ -11,12 +11,12 @@ IDEMPOTENCY_ONE_TRANSACTION=on (the one-transaction mode).
 import os
 import time
 
-from flask import Flask, Response, g, request
+from flask import Blueprint, Flask, g, request
 from psycopg.rows import namedtuple_row
 from psycopg_pool import ConnectionPool
 
 from pg_idempotency.flask import Idempotency, exempt
-from pg_idempotency.webhooks import StandardWebhooks, WebhookReceiver
+from pg_idempotency.webhooks import standard_webhook
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 
@@ -88,37 +88,37 @@ def create_payment():
     return {"charge": charge_id}, 201
 
 
-class InvalidEvent(Exception):
-    """An event that can never be charged: stored, every redelivery gets its 400."""
+# POST /webhooks: the sender's deliveries, guarded by the extension with the
+# Standard Webhooks key source on a blueprint of their own: verified before
+# any claim (400 otherwise), the key their webhook-id, the scope the sender.
+# IDEMPOTENCY_ONE_TRANSACTION=on: the claim commits with the charge.
+webhooks = Blueprint("webhooks", __name__)
 
 
-def charge_event(run, event):
-    """Charges the event's data.amount (data.delay_ms sleeps first) in the
-    transaction that stores the answer: once per webhook-id."""
-    data = event.payload.get("data") if isinstance(event.payload, dict) else None
-    if not isinstance(data, dict) or invalid_amount(data):
-        raise InvalidEvent("data.amount must be a positive number")
-    return {"charge": charge(run.conn, data)}
-
-
-# The sender's deliveries, verified before any claim; the scope is the
-# sender. IDEMPOTENCY_ONE_TRANSACTION=on: the claim commits with the charge.
-webhooks = WebhookReceiver(
-    pool, StandardWebhooks(os.environ["WEBHOOK_SECRET"], sender="payments-provider"), charge_event,
-    final=InvalidEvent, one_transaction=os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on",
-) if os.environ.get("WEBHOOK_SECRET") else None
-
-
-@app.post("/webhooks")
-@exempt     # its key is the event's webhook-id, not an Idempotency-Key
+@webhooks.post("/webhooks")
 def receive_webhook():
-    """Charges a Standard Webhooks event once: 200 {"charge": N} (a
-    redelivery gets the same), 400 unverified, 409 while it runs, 422 when
-    its webhook-id came with another payload."""
-    if webhooks is None:
+    """Charges a Standard Webhooks event's data.amount (data.delay_ms sleeps
+    first) once: 200 {"charge": N} (a redelivery gets the same), 400
+    unverified, or, stored, for an event without a positive amount; 409
+    while it runs, 422 when its webhook-id came with another payload."""
+    payload = request.get_json(silent=True, force=True)
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, dict) or invalid_amount(data):
+        return {"error": "data.amount must be a positive number"}, 400
+    return {"charge": charge(g.db, data)}, 200
+
+
+if os.environ.get("WEBHOOK_SECRET"):
+    Idempotency(webhooks, pool=pool,
+                one_transaction=os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on",
+                **standard_webhook(os.environ["WEBHOOK_SECRET"], sender="payments-provider"))
+    app.register_blueprint(webhooks)
+else:
+    @app.post("/webhooks")
+    @exempt
+    def webhooks_unset():
+        """Without a secret no delivery can be verified."""
         return {"error": "WEBHOOK_SECRET is not set"}, 503
-    answer = webhooks.receive(request.headers.items(), request.get_data())
-    return Response(answer.body, answer.status, answer.headers)
 
 
 def main():

@@ -40,6 +40,7 @@ const DEFAULTS = {
   tracerProvider: null, // where the spans go: null = OpenTelemetry's global tracer provider
   key: idempotencyKeyOf, // (req) => the key; undefined: none sent; null: malformed
   verify: null, // (req) => throws when the request is not authentic (a webhook's signature): 401, nothing claimed
+  redact: null, // ({ status, headers, body }) => what to store instead; the live response is unchanged
 };
 
 // How long, by default, a duplicate of a request running in one transaction waits for it.
@@ -146,7 +147,7 @@ function idempotency(pool, options = {}) {
   const { client, tracer } = flow;
   const {
     problem, replaceWith, replaceResponse, answer, answerClaimedAgain, invalidKey, unavailable, claimLost,
-    headersToStore,
+    toStore, redactFailed,
   } = httpAnswers(opts);
   if (opts.oneTransaction && !positive(wait))
     throw new TypeError('idempotency(): oneTransaction needs a positive wait ' +
@@ -205,7 +206,7 @@ function idempotency(pool, options = {}) {
     if (got.claim.outcome !== 'new') {
       answerClaimedAgain(res, c, got.claim); // the answer goes out first; the empty transaction ends after
       if (got.claim.outcome === 'replay') remember(c, got.claim);
-      return got.open ? flow.rollbackAndCheckin(got.db) : flow.checkin(got.db);
+      return flow.giveBack(got);
     }
     c.fence = got.claim.fence;
     if (answeredMeanwhile(req, res)) { // the handler does not run: nothing to keep
@@ -255,7 +256,7 @@ function idempotency(pool, options = {}) {
   // finish resolves to, the handler's transaction rolled back: the claim's
   // answer (replay, 409, 422), 400 for a key the extension refuses, 503
   // when it failed, or, when its answer was lost, what asking again says.
-  async function settleClaim(req, res, next, c, db, body) {
+  async function settleClaim(req, res, next, c, db) {
     const pending = c.pending;
     c.pending = null;
     let claim;
@@ -265,10 +266,10 @@ function idempotency(pool, options = {}) {
       if (connectionLost(err)) {
         flow.checkin(db, err);
         c.claimLost = true;
-        return recover(req, res, next, c, body, 1);
+        return recover(req, res, next, c, 1);
       }
       await flow.rollbackAndCheckin(db, err);
-      if (statementsGone(err)) return recover(req, res, next, c, body, 1); // nothing ran: run it again
+      if (statementsGone(err)) return recover(req, res, next, c, 1); // nothing ran: run it again
       if (err.code === '22023') return replaceWith(res, () => invalidKey(res));
       return replaceWith(res, () => unavailable(res, err));
     }
@@ -323,81 +324,81 @@ function idempotency(pool, options = {}) {
   // Resolves to true when the handler's response is the one to send.
   async function finish(req, res, next, c, db, body) {
     if (c?.pending) {
-      const settled = await settleClaim(req, res, next, c, db, body);
+      const settled = await settleClaim(req, res, next, c, db);
       if (settled !== undefined) return settled;
     }
     if (res.statusCode >= 500 || req.timedout) return abandon(req, db, c, res, body);
-    try {
-      if (c) await flow.completeAndCommit(db, c, res.statusCode, body, headersToStore(res));
-      else await db.query('COMMIT');
-      flow.checkin(db);
-      return true;
-    } catch (err) {
-      if (connectionLost(err)) {
-        flow.checkin(db, err);
-        if (c) return recover(req, res, next, c, body);
-        return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
+    if (c) {
+      try {
+        c.stored = toStore(res, body);
+      } catch (err) {
+        await abandon(req, db, c, res, body, { release: true });
+        return redactFailed(res, err);
       }
-      await flow.rollbackAndCheckin(db, err);
+    }
+    let lost;
+    try {
+      lost = await flow.commitWork(db, c, c?.stored.status, c?.stored.body, c?.stored.headers);
+    } catch (err) {
       if (err.code === 'IK001') return claimLost(res);
-      if (c && !opts.oneTransaction) // one transaction: the claim rolled back with the rest
-        await client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
       opts.log(`could not store the response: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable',
         'The response could not be stored; nothing was kept. Retry later.', { 'Retry-After': '1' });
     }
+    if (!lost) return true;
+    if (c) return recover(req, res, next, c);
+    return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
   }
 
   // The connection was lost before the COMMIT's answer came: claims with the
-  // same token to learn what happened. replay: it committed (the stored
-  // response is the handler's), or, in one transaction, a duplicate's
-  // committed after ours rolled back (its response goes out, as a replay);
-  // new: it rolled back, so the handler runs again.
-  async function recover(req, res, next, c, body, first = 0) {
+  // same token to learn what happened (flow.reclaim). replay: it committed
+  // (the stored response is the handler's), or, in one transaction, a
+  // duplicate's committed after ours rolled back (its response goes out, as
+  // a replay); new: it rolled back, so the handler runs again.
+  async function recover(req, res, next, c, first = 0) {
     let got;
     try {
-      got = await flow.claimRecovering(c, first);
+      got = await flow.reclaim(c, { first, rerun: !res.headersSent && Boolean(req.route) && !req.timedout });
     } catch (err) {
       opts.log(`the COMMIT's answer was lost and the database cannot tell: ${err.message}`);
       return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
-    const { claim, db, open } = got;
-    if (claim.outcome !== 'new') {
-      if (open) await flow.rollbackAndCheckin(db);
-      else flow.checkin(db);
-    }
+    const { claim, db } = got;
+    if (db) return runAgain(req, res, next, c, db);
     // Asked again for a claim whose answer never came (first > 0: running
     // ahead, nothing of it committed): its answer is the claim's own.
     if (first > 0 && claim.outcome !== 'new') return replaceWith(res, () => answerClaimedAgain(res, c, claim));
-    if (claim.outcome === 'replay') {
-      if (claim.statusCode === res.statusCode && claim.body !== null && body.equals(claim.body)) return true;
-      return replaceWith(res, () => answer(res, claim));
+    switch (claim.outcome) {
+      case 'replay': {
+        const { status, body: stored } = c.stored;
+        if (claim.statusCode === status && claim.body !== null && stored.equals(claim.body)) return true;
+        return replaceWith(res, () => answer(res, claim));
+      }
+      case 'in_progress': // the lease ended meanwhile and a retry took the key over
+        return claimLost(res);
+      case 'new': // it may not run again
+        if (req.timedout) return true; // a timeout answered: its answer goes out
+        return replaceResponse(res, 503, 'idempotency_unavailable',
+          'The connection to the database was lost; nothing of this request was kept. Retry later.',
+          { 'Retry-After': '1' });
+      default:
+        return replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
     }
-    if (claim.outcome !== 'new') { // in_progress: the lease ended meanwhile and a retry took the key over
-      return claim.outcome === 'in_progress' ? claimLost(res)
-        : replaceResponse(res, 503, 'idempotency_unavailable', UNKNOWN, { 'Retry-After': '1' });
-    }
-    c.fence = claim.fence; // the same, unless our lease had ended (a takeover) or, one transaction, it rolled back
-    if (res.headersSent || !req.route || c.reruns >= opts.retries || req.timedout) {
-      await db.query('ROLLBACK').catch(() => {});
-      if (!opts.oneTransaction) await client.release(c.key, c.fence, { db, scope: c.scope }).catch(() => {});
-      flow.checkin(db);
-      if (req.timedout) return true; // a timeout answered: its answer goes out, the handler does not run again
-      return replaceResponse(res, 503, 'idempotency_unavailable',
-        'The connection to the database was lost; nothing of this request was kept. Retry later.',
-        { 'Retry-After': '1' });
-    }
-    c.reruns += 1;
-    opts.log('the handler\'s transaction was lost before it committed; running the handler again');
+  }
+
+  // Runs the handler again, on db in its new claim's transaction; resolves
+  // to false: the run again sends its own response.
+  function runAgain(req, res, next, c, db) {
     for (const name of res.getHeaderNames()) res.removeHeader(name);
     res.statusCode = 200;
     res.statusMessage = undefined;
     handOver(req, res, next, c, db, () => req.route.dispatch(req, res, next));
-    return false; // the run again sends its own response
+    return false;
   }
 
   // Rolls back the writes of a 5xx handler (or of one a timeout answered
-  // for), then ends the claim: two transactions: complete with the 5xx,
+  // for, or whose response redact could not prepare: release), then ends
+  // the claim: two transactions: complete with the 5xx,
   // which releases the key (or, with idempotency.store_server_errors on,
   // stores the response for replay); one transaction: the claim rolled
   // back with the rest, and the 5xx is kept only with that setting on. An
@@ -405,13 +406,21 @@ function idempotency(pool, options = {}) {
   // stored: the key is released. The answer goes out either way. When the
   // connection is lost, the transaction is gone with it: what is left goes
   // through the pool.
-  async function abandon(req, db, c, res, body) {
-    const timedOut = Boolean(req.timedout);
+  async function abandon(req, db, c, res, body, { release = Boolean(req.timedout) } = {}) {
+    let stored = null;
+    if (c && !release) {
+      try {
+        stored = toStore(res, body);
+      } catch (err) {
+        opts.log(`the ${res.statusCode} is not stored: ${err.message}`);
+        release = true;
+      }
+    }
     const end = (on) => {
       if (!c) return null;
-      if (timedOut) return opts.oneTransaction ? null : client.release(c.key, c.fence, { db: on, scope: c.scope });
-      if (opts.oneTransaction) return flow.claimAndComplete(on, c, res.statusCode, body, headersToStore(res));
-      return client.complete(c.key, c.fence, res.statusCode, body, headersToStore(res), { db: on, scope: c.scope });
+      if (release) return opts.oneTransaction ? null : client.release(c.key, c.fence, { db: on, scope: c.scope });
+      if (opts.oneTransaction) return flow.claimAndComplete(on, c, stored.status, stored.body, stored.headers);
+      return client.complete(c.key, c.fence, stored.status, stored.body, stored.headers, { db: on, scope: c.scope });
     };
     const [rolledBack, ended] = await together(db, [() => db.query('ROLLBACK'), () => end(db)]);
     let broken = rolledBack.status === 'rejected' ? rolledBack.reason : undefined;

@@ -275,6 +275,60 @@ class Flow {
     }
   }
 
+  // Gives back the connection of a claim (claimOn's { db, open }) whose
+  // work does not run: its empty transaction, if open, rolls back.
+  giveBack({ db, open }) {
+    return open ? this.rollbackAndCheckin(db) : this.checkin(db);
+  }
+
+  // Ends c's work on db (c null: work run unguarded, a COMMIT only) and
+  // gives the connection back. Resolves to null when it committed, or to
+  // the error when the COMMIT's answer was lost (the connection is
+  // discarded; reclaim tells what happened). Rejects with the error when
+  // it failed: rolled back, and in two transactions the key released
+  // (unless IK001: a retry owns it).
+  async commitWork(db, c, statusCode, body, headers) {
+    try {
+      if (c) await this.completeAndCommit(db, c, statusCode, body, headers);
+      else await db.query('COMMIT');
+      this.checkin(db);
+      return null;
+    } catch (err) {
+      if (connectionLost(err)) {
+        this.checkin(db, err);
+        return err;
+      }
+      await this.rollbackAndCheckin(db, err);
+      if (c && !this.opts.oneTransaction && err.code !== 'IK001')
+        await this.client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
+      throw err;
+    }
+  }
+
+  // After a COMMIT (or, from first on, a claim) whose answer was lost:
+  // claims again with c's token to learn what happened (rejects when the
+  // database cannot tell). Resolves to { claim, db }. A new claim means
+  // nothing of c's work committed: when rerun allows and fewer than
+  // retries reruns have run (this one is counted), db is in the new
+  // claim's transaction for the work to run again; otherwise db is null:
+  // the connection went back and, new, the key was released.
+  async reclaim(c, { first = 0, rerun = true } = {}) {
+    const got = await this.claimRecovering(c, first);
+    const { claim } = got;
+    if (claim.outcome === 'new') {
+      c.fence = claim.fence; // the same, unless the lease had ended (a takeover) or, one transaction, it rolled back
+      if (rerun && c.reruns < this.opts.retries) {
+        c.reruns += 1;
+        this.opts.log('the transaction of the work was lost before it committed; running it again');
+        return { claim, db: got.db };
+      }
+    }
+    await this.giveBack(got);
+    if (claim.outcome === 'new' && !this.opts.oneTransaction)
+      await this.client.release(c.key, claim.fence, { scope: c.scope }).catch(() => {});
+    return { claim, db: null };
+  }
+
   // Sends complete and COMMIT in one simple query (one round trip); a
   // complete that fails skips the COMMIT and leaves the transaction to roll back.
   completeAndCommit(db, c, statusCode, body, headers) {

@@ -10,7 +10,7 @@
 
 const crypto = require('node:crypto');
 const { ClaimLostError, RESUMING_COLUMNS } = require('./client');
-const { Flow, connectionLost, transactionHandle } = require('./flow');
+const { Flow, transactionHandle } = require('./flow');
 
 const DEFAULTS = {
   scope: null, // a string, or (...args) => string; null: the setting idempotency.scope ('' when unset)
@@ -111,7 +111,7 @@ function idempotent(pool, fn, options = {}) {
     let got = await flow.claimRecovering(c);
     for (;;) {
       if (got.claim.outcome !== 'new') {
-        endEmpty(got);
+        Promise.resolve(flow.giveBack(got)).catch(() => {}); // its empty transaction ends after
         return answer(c, got.claim);
       }
       c.fence = got.claim.fence;
@@ -122,11 +122,6 @@ function idempotent(pool, fn, options = {}) {
       got = resolved.again;
     }
   };
-
-  // Gives back the connection of a claim that did not win (its empty transaction ends after).
-  function endEmpty({ db, open }) {
-    (open ? flow.rollbackAndCheckin(db) : Promise.resolve(flow.checkin(db))).catch(() => {});
-  }
 
   // Returns the stored result of a claim that did not win, or throws what it says.
   function answer(c, claim) {
@@ -168,47 +163,34 @@ function idempotent(pool, fn, options = {}) {
     }
     handle.open = false;
     lease?.stop();
+    let lost;
     try {
-      await flow.completeAndCommit(db, c, RESULT, body, null);
-      flow.checkin(db);
-      return { value };
+      lost = await flow.commitWork(db, c, RESULT, body, null);
     } catch (err) {
-      if (connectionLost(err)) {
-        flow.checkin(db, err);
-        return { lost: err, value, body };
-      }
-      await flow.rollbackAndCheckin(db, err);
-      if (!opts.oneTransaction && err.code !== 'IK001')
-        await flow.client.release(c.key, c.fence, { scope: c.scope }).catch(() => {});
       throw err.code === 'IK001' ? new ClaimLostError(c.key, err) : err;
     }
+    return lost ? { lost, value, body } : { value };
   }
 
   // The COMMIT's answer was lost: claims with the same token to learn what
-  // happened. Resolves to { value } when it committed (the replay), or to
-  // { again: the new claim } when it rolled back and fn runs again.
+  // happened (flow.reclaim). Resolves to { value } when it committed (the
+  // replay), or to { again: the new claim } when it rolled back and fn runs again.
   async function resolveLostCommit(c, ran) {
     let got;
     try {
-      got = await flow.claimRecovering(c);
+      got = await flow.reclaim(c);
     } catch (err) {
       throw new Error('pg-idempotency: the COMMIT\'s answer was lost and the database cannot tell ' +
         `whether it took effect; call again with the same arguments (${err.message})`, { cause: ran.lost });
     }
-    if (got.claim.outcome === 'new' && c.reruns < opts.retries) {
-      c.reruns += 1;
-      opts.log('the function\'s transaction was lost before it committed; running it again');
-      return { again: got };
-    }
-    endEmpty(got);
-    if (got.claim.outcome === 'new') {
-      if (!opts.oneTransaction) await flow.client.release(c.key, got.claim.fence, { scope: c.scope }).catch(() => {});
+    if (got.db) return { again: got };
+    const { claim } = got;
+    if (claim.outcome === 'new')
       throw new Error('pg-idempotency: the connection was lost at every COMMIT; nothing was kept', { cause: ran.lost });
-    }
-    if (got.claim.outcome === 'in_progress') throw new ClaimLostError(c.key, ran.lost);
-    const stored = got.claim.body === null ? null : got.claim.body.toString('utf8');
-    if (got.claim.outcome === 'replay' && got.claim.statusCode === RESULT && stored === ran.body) return { value: ran.value };
-    return { value: answer(c, got.claim) };
+    if (claim.outcome === 'in_progress') throw new ClaimLostError(c.key, ran.lost);
+    const stored = claim.body === null ? null : claim.body.toString('utf8');
+    if (claim.outcome === 'replay' && claim.statusCode === RESULT && stored === ran.body) return { value: ran.value };
+    return { value: answer(c, claim) };
   }
 
   // What fn gets as its first argument.

@@ -4,8 +4,17 @@
 
 // RFC 9110's reason phrases of the statuses the middleware answers with.
 const TITLES = {
-  400: 'Bad Request', 401: 'Unauthorized', 409: 'Conflict', 422: 'Unprocessable Content', 503: 'Service Unavailable',
+  400: 'Bad Request', 401: 'Unauthorized', 409: 'Conflict', 422: 'Unprocessable Content',
+  500: 'Internal Server Error', 503: 'Service Unavailable',
 };
+
+// The redact option threw or returned something else than a response to store.
+class RedactError extends Error {
+  constructor(message, cause) {
+    super(`pg-idempotency: ${message}`, { cause });
+    this.name = 'RedactError';
+  }
+}
 
 // Replaces the handler's response with what send() sends; resolves to false (do not send the handler's).
 function replaceWith(res, send) {
@@ -37,6 +46,32 @@ function httpAnswers(opts) {
       if (value !== undefined) stored[name] = Array.isArray(value) ? value.map(String) : String(value);
     }
     return stored;
+  }
+
+  // Returns what complete stores of the handler's response (body: its bytes):
+  // { status, headers, body }, the headers those a replay repeats, as the
+  // redact option changes them (the live response is left as it is).
+  // Throws a RedactError when redact throws or returns no such object.
+  function toStore(res, body) {
+    const stored = { status: res.statusCode, headers: headersToStore(res), body };
+    if (!opts.redact) return stored;
+    let redacted;
+    try {
+      redacted = opts.redact(stored);
+    } catch (err) {
+      throw new RedactError(`the redact option threw: ${err?.message ?? err}`, err);
+    }
+    const { status, headers, body: kept } = redacted ?? {};
+    if (!Number.isInteger(status) || typeof headers !== 'object' || !(Buffer.isBuffer(kept) || typeof kept === 'string'))
+      throw new RedactError('the redact option must return { status, headers, body } (body a Buffer or a string)');
+    return { status, headers, body: Buffer.from(kept) };
+  }
+
+  // Answers 500: the redact option failed, nothing was stored (the writes rolled back, the key is free).
+  function redactFailed(res, err) {
+    opts.log(`the response was not stored: ${err.message}`);
+    return replaceResponse(res, 500, 'idempotency_redact_failed',
+      'The response could not be redacted for storing; nothing was kept.');
   }
 
   // Answers a claim that did not win: replay, in_progress or mismatch.
@@ -105,8 +140,8 @@ function httpAnswers(opts) {
 
   return {
     problem, replaceWith, replaceResponse, answer, answerClaimedAgain, invalidKey, unavailable, claimLost,
-    headersToStore,
+    toStore, redactFailed,
   };
 }
 
-module.exports = { httpAnswers };
+module.exports = { httpAnswers, RedactError };

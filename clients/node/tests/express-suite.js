@@ -80,7 +80,7 @@ function assertProblem(res, status, code) {
   assert.match(res.headers['content-type'], /^application\/problem\+json/);
   const p = res.json();
   assert.equal(p.type, 'about:blank');
-  assert.equal(p.title, { 400: 'Bad Request', 409: 'Conflict', 422: 'Unprocessable Content', 503: 'Service Unavailable' }[status]);
+  assert.equal(p.title, { 400: 'Bad Request', 409: 'Conflict', 422: 'Unprocessable Content', 500: 'Internal Server Error', 503: 'Service Unavailable' }[status]);
   assert.equal(p.status, status);
   assert.equal(typeof p.detail, 'string');
   assert.ok(p.detail.length > 0);
@@ -101,6 +101,67 @@ test('a retry replays the first response byte for byte, marked, with the stored 
   assert.equal(again.headers.location, first.headers.location);
   assert.equal(again.headers['x-not-stored'], undefined);
   assert.equal(await charges(tag), 1);
+});
+
+// A redact option: stores the charge as "redacted" and one header of its own; notes what it got.
+function redactCharge(seen) {
+  return (stored) => {
+    seen.push(stored);
+    const body = JSON.parse(stored.body.toString());
+    return { status: stored.status, headers: { 'x-redacted': 'yes' }, body: JSON.stringify({ ...body, charge: 'redacted' }) };
+  };
+}
+
+test('redact: the live response is the handler\'s, complete stores what redact returns, a replay sends it', async () => {
+  const seen = [];
+  const app = await listen(makeApp(pool, { redact: redactCharge(seen) }));
+  try {
+    const tag = unique('redact');
+    const key = unique('k');
+    const first = await post('/charges', { tag }, { keys: [key], url: app.url });
+    assert.equal(first.status, 201);
+    assert.equal(typeof first.json().charge, 'number');
+    assert.equal(first.headers['x-redacted'], undefined);
+    assert.equal(seen.length, 1);
+    assert.equal(seen[0].status, 201);
+    assert.deepEqual(Object.keys(seen[0].headers).sort(), ['content-type', 'location']); // what a replay repeats
+    assert.deepEqual(seen[0].body, first.body);
+    const record = await idem.lookup(key, { scope: scopeOf('Bearer alice') });
+    assert.deepEqual(record.headers, { 'x-redacted': 'yes' });
+    assert.deepEqual(JSON.parse(record.body.toString()), { charge: 'redacted', tag });
+    for (let i = 0; i < 2; i++) { // from the database, then from memory
+      const again = await post('/charges', { tag }, { keys: [key], url: app.url });
+      assert.equal(again.headers['idempotent-replayed'], 'true');
+      assert.equal(again.headers['x-redacted'], 'yes');
+      assert.deepEqual(again.json(), { charge: 'redacted', tag });
+    }
+    assert.equal(await charges(tag), 1);
+  } finally {
+    await app.close();
+  }
+});
+
+test('redact: a stored 5xx is redacted; a redact that throws stores nothing: 500, writes rolled back, key free', async () => {
+  const keeping = newPool({ options: '-c idempotency.store_server_errors=on' });
+  const redacting = await listen(makeApp(keeping, { redact: redactCharge([]) }));
+  const throwing = await listen(makeApp(pool, { redact: () => { throw new Error('no'); } }));
+  try {
+    const tag = unique('redact5xx');
+    const key = unique('k');
+    assert.equal((await post('/charges', { tag, status: 500 }, { keys: [key], url: redacting.url })).status, 500);
+    const again = await post('/charges', { tag, status: 500 }, { keys: [key], url: redacting.url });
+    assert.equal(again.headers['idempotent-replayed'], 'true');
+    assert.equal(again.json().charge, 'redacted');
+    const failing = unique('k');
+    for (let i = 0; i < 2; i++)
+      assertProblem(await post('/charges', { tag }, { keys: [failing], url: throwing.url }), 500, 'idempotency_redact_failed');
+    assert.equal(await charges(tag), 0);
+    assert.equal(await idem.lookup(failing, { scope: scopeOf('Bearer alice') }), null);
+  } finally {
+    await redacting.close();
+    await throwing.close();
+    await keeping.end();
+  }
 });
 
 test('a binary response is replayed byte for byte', async () => {

@@ -258,6 +258,35 @@ for (const setup of SETUPS) {
   });
 }
 
+test("redact: the COMMIT's answer lost after it committed: the handler's own answer goes out, not what was stored", async () => {
+  await proxy.control('POST', '/reset');
+  const pool = proxiedPool();
+  const app = express();
+  app.use(idempotency(pool, { log: () => {}, cache: false, redact: (stored) => ({ ...stored, body: '{"charge":"redacted"}' }) }));
+  app.post('/charges', async (req, res) => {
+    const { rows } = await req.db.query(`INSERT INTO ${TABLE} (tag) VALUES ($1) RETURNING id`, [req.body.tag]);
+    res.status(201).json({ charge: Number(rows[0].id) });
+  });
+  const redacting = await listen(app);
+  try {
+    const key = unique('redact-commit-lost');
+    await proxy.control('POST', '/cut?match=idempotency%5C.complete&scope=transaction');
+    const post = () => send(redacting.url, {
+      path: '/charges', body: JSON.stringify({ tag: key }),
+      headers: [['Content-Type', 'application/json'], ['Authorization', AUTH], ['Idempotency-Key', key]],
+    });
+    const res = await post();
+    assert.equal((await proxy.control('GET', '/stats')).cuts, 1);
+    assert.equal(res.status, 201, res.body.toString());
+    assert.equal(res.headers['idempotent-replayed'], undefined);
+    assert.deepEqual(res.json(), { charge: (await chargesOf(key))[0] });
+    assert.deepEqual((await post()).json(), { charge: 'redacted' });
+  } finally {
+    await redacting.close();
+    await pool.end();
+  }
+});
+
 test('an idle connection dropped does not end the process (no pool listener of its own)', async () => {
   const pool = proxiedPool();
   idempotency(pool, { log: () => {} });

@@ -46,6 +46,7 @@ const library = new Idempotency(new PostgresStorageAdapter({ pool, leaseMs: 30_0
 const tracerProvider = new BasicTracerProvider();
 app.use(idempotency(pool, { oneTransaction: true, prepare: true, tracerProvider }));
 app.post('/webhooks', idempotency(pool, { ...standardWebhook(new Webhook('whsec_c2VjcmV0'), { sender: 'acme' }), lease: 10_000 }));
+app.post('/redacted', idempotency(pool, { redact: ({ status, headers }) => ({ status, headers, body: '{"card":"redacted"}' }) }));
 app.post('/stripe', idempotency(pool, { key: bodyKey('id'), scope: () => 'stripe', verify: (req) => { if (req.rawBody.length === 0) throw new Error('empty'); } }));
 const chargeOnce = idempotent(pool, async (run: Run, order: { id: string; amount: number }) => {
   await run.checkpoint('started', { at: run.attempt });

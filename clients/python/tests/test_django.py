@@ -437,3 +437,43 @@ def test_through_pgbouncer_in_transaction_mode(admin, mode):
             connections["bouncer"].close()
     assert value(admin, "SELECT count(*) FROM charges") == 9
     assert value(admin, "SELECT count(*) FROM idempotency.keys WHERE state = 'completed'") == 9
+
+
+def test_the_redact_setting_decides_what_is_stored_and_replayed(admin, mode):
+    with override_settings(IDEMPOTENCY={"one_transaction": mode == "one transaction",
+                                        "redact": "test_redact.redact_charge"}):
+        client = DjangoClient()
+        first = pay(client, "r-1", {"amount": 7})
+        assert first.status_code == 201 and isinstance(json.loads(first.content)["charge"], int)
+        again = pay(client, "r-1", {"amount": 7})
+    assert again["Idempotent-Replayed"] == "true" and again["X-Redacted"] == "yes"
+    assert json.loads(again.content) == {"charge": "redacted"}
+    assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def test_a_redact_setting_that_raises_stores_nothing_and_frees_the_key(admin, mode):
+    with override_settings(IDEMPOTENCY={"one_transaction": mode == "one transaction",
+                                        "redact": "test_redact.redact_nothing_possible"}):
+        client = DjangoClient()
+        assert_problem(pay(client, "r-bad", {"amount": 7}), 500, "idempotency_redact_failed")
+        assert_problem(pay(client, "r-bad", {"amount": 7}), 500, "idempotency_redact_failed")
+    assert value(admin, "SELECT count(*) FROM charges") == 0
+    assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
+
+
+def test_standard_webhooks_as_the_key_source(admin, mode):
+    from test_webhooks import SECRET, delivery
+    from pg_idempotency.webhooks import standard_webhook
+    with override_settings(IDEMPOTENCY={"one_transaction": mode == "one transaction",
+                                        **standard_webhook(SECRET, sender="acme")}):
+        client = DjangoClient()
+        headers, body = delivery("msg_d1", {"amount": 6})
+        send = {f"HTTP_{name.upper().replace('-', '_')}": value for name, value in headers}
+        first = client.post("/payments", body, content_type="application/json", **send)
+        again = client.post("/payments", body, content_type="application/json", **send)
+        forged = client.post("/payments", json.dumps({"amount": 60}), content_type="application/json", **send)
+    assert first.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert_problem(forged, 400, "webhook_unverified")
+    assert admin.execute("SELECT scope, key FROM idempotency.keys").fetchall() == [("webhook:acme", "msg_d1")]
+    assert value(admin, "SELECT count(*) FROM charges") == 1

@@ -106,3 +106,16 @@ def test_a_timeout_inside_that_answers_408_rolls_the_cancelled_view_back_and_fre
     assert value(admin, "SELECT count(*) FROM charges") == 0
     assert value(admin, "SELECT count(*) FROM idempotency.keys") == 0
     assert pay(client, "t-408", {"amount": 3}, path="/async/payments").status_code == 201
+
+
+def test_under_asgi_the_redact_setting_decides_what_is_stored(admin):
+    with override_settings(IDEMPOTENCY={"redact": "test_redact.redact_charge"}):
+        server = UvicornServer(get_asgi_application(), lifespan="off")
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            first = pay(client, "r-a", path="/async/payments")
+            again = pay(client, "r-a", path="/async/payments")
+    finally:
+        server.stop()
+    assert isinstance(first.json()["charge"], int)
+    assert again.headers["idempotent-replayed"] == "true" and again.json() == {"charge": "redacted"}

@@ -25,6 +25,7 @@ import test_django  # noqa: F401 - Django's settings and the views
 from apps import SERVERS
 from conftest import DATABASE_URL
 from helpers import ALICE, pay, scope_of, value
+from test_redact import redact_charge
 
 FAULTPROXY = Path(os.environ.get("FAULTPROXY") or
                   Path(__file__).resolve().parents[3] / "examples" / "faultproxy" / "faultproxy.js")
@@ -70,11 +71,17 @@ def proxy():
     proxy.stop()
 
 
+@pytest.fixture
+def app_options():
+    """The middleware's options beside the mode (a test may parametrize them)."""
+    return {}
+
+
 @pytest.fixture(params=["flask", "asgi", "django"])
-def app(request, proxy, mode):
+def app(request, proxy, mode, app_options):
     """A client on the test app of this kind, in this mode, whose database is behind the proxy."""
     proxy.command("POST", "/reset")
-    options = {"one_transaction": mode == "one transaction"}
+    options = {"one_transaction": mode == "one transaction", **app_options}
     if request.param == "django":
         with override_settings(IDEMPOTENCY={"using": "faults", **options}):
             yield DjangoHttp(DjangoClient(raise_request_exception=False))
@@ -130,6 +137,17 @@ def test_a_commit_whose_answer_was_lost_is_resolved_by_a_claim_replay(app, proxy
     answer = pay(app, "lost-commit-1")
     assert proxy.command("GET", "/stats")["cuts"] == 1
     assert_exactly_once(app, admin, answer, "lost-commit-1")
+
+
+@pytest.mark.parametrize("app_options", [{"redact": redact_charge}])
+def test_a_lost_commits_answer_is_the_handlers_own_response_not_the_redacted_one(app, proxy, admin):
+    proxy.command("POST", "/cut?match=idempotency%5C.complete&scope=transaction")
+    answer = pay(app, "lost-redacted-1")
+    assert proxy.command("GET", "/stats")["cuts"] == 1
+    assert answer.status_code == 201, answer.content
+    assert json.loads(answer.content) == {"charge": value(admin, "SELECT id FROM charges")}
+    assert "Idempotent-Replayed" not in answer.headers
+    assert json.loads(pay(app, "lost-redacted-1").content) == {"charge": "redacted"}
 
 
 def test_a_complete_whose_answer_was_lost_before_its_commit_runs_the_handler_again(app, proxy, admin):

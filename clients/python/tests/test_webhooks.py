@@ -11,14 +11,14 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from flask import Flask, Response, request
+from flask import Blueprint, Flask, Response, g, request
 from psycopg_pool import AsyncConnectionPool
 from standardwebhooks.webhooks import Webhook
 
 from conftest import DATABASE_URL
-from helpers import value, wait_for
+from helpers import assert_problem, pay, value, wait_for
 from pg_idempotency.flask import Idempotency, exempt
-from pg_idempotency.webhooks import BodyKey, StandardWebhooks, WebhookReceiver
+from pg_idempotency.webhooks import BodyKey, StandardWebhooks, WebhookReceiver, body_key, standard_webhook
 
 SECRET = "whsec_" + base64.b64encode(b"a secret of the test sender").decode()
 
@@ -195,3 +195,90 @@ def test_a_flask_view_exempt_from_the_extension_receives_webhooks(pool, admin):
     assert (first.status_code, again.status_code) == (200, 200) and first.data == again.data
     assert again.headers["Idempotent-Replayed"] == "true"
     assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def stripe_signed(body):
+    """The headers of a delivery signed as stripe_verify checks."""
+    return [("Stripe-Signature", hmac.new(b"stripe secret", body, hashlib.sha256).hexdigest()),
+            ("Content-Type", "application/json")]
+
+
+def test_a_middleware_whose_key_source_is_standard_webhooks(serve, admin):
+    client = serve(**standard_webhook(SECRET, sender="acme"))
+    payload = {"type": "payment.requested", "amount": 3}
+    first = client.post("/payments", headers=delivery("msg_m1", payload)[0], content=delivery("msg_m1", payload)[1])
+    assert first.status_code == 201 and "idempotent-replayed" not in first.headers
+    # A redelivery: signed again, a later timestamp.
+    headers, body = delivery("msg_m1", payload, at=datetime.now(timezone.utc) + timedelta(seconds=5))
+    again = client.post("/payments", headers=headers, content=body)
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert admin.execute("SELECT scope, key FROM idempotency.keys").fetchall() == [("webhook:acme", "msg_m1")]
+    headers, body = delivery("msg_m1", {**payload, "amount": 4})
+    assert_problem(client.post("/payments", headers=headers, content=body), 422, "idempotency_key_mismatch")
+    assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+@pytest.mark.parametrize("tamper", ["secret", "body", "old", "unsigned"])
+def test_a_delivery_the_middleware_cannot_verify_is_400_and_never_claimed(serve, admin, tamper):
+    client = serve(**standard_webhook(SECRET, sender="acme"))
+    payload = {"amount": 3}
+    headers, body = delivery("msg_m2", payload, **{
+        "secret": {"secret": "whsec_" + base64.b64encode(b"another secret").decode()},
+        "old": {"at": datetime.now(timezone.utc) - timedelta(minutes=10)}}.get(tamper, {}))
+    if tamper == "body":
+        body = json.dumps({"amount": 300}).encode()
+    if tamper == "unsigned":
+        headers = [("Idempotency-Key", "k-1")]
+    assert_problem(client.post("/payments", headers=headers, content=body), 400, "webhook_unverified")
+    assert records(admin) == 0 and value(admin, "SELECT count(*) FROM charges") == 0
+
+
+def test_a_middleware_whose_key_is_read_from_the_body(serve, admin):
+    client = serve(**body_key("id", verify=stripe_verify, sender="stripe"))
+    body = json.dumps({"id": "evt_m1", "amount": 7}).encode()
+    first = client.post("/payments", headers=stripe_signed(body), content=body)
+    again = client.post("/payments", headers=stripe_signed(body), content=body)
+    assert (first.status_code, again.status_code) == (201, 201) and again.headers["idempotent-replayed"] == "true"
+    assert_problem(client.post("/payments", headers=[("Stripe-Signature", "forged")], content=body),
+                   400, "webhook_unverified")
+    no_id = json.dumps({"amount": 7}).encode()
+    assert_problem(client.post("/payments", headers=stripe_signed(no_id), content=no_id), 400, "webhook_unverified")
+    assert admin.execute("SELECT scope, key FROM idempotency.keys").fetchall() == [("webhook:stripe", "evt_m1")]
+    assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def test_a_flask_blueprint_receives_webhooks_beside_the_apps_idempotency_keys(pool, admin):
+    app = Flask("both")
+    Idempotency(app, pool=pool)
+    hooks = Blueprint("hooks", __name__)
+    Idempotency(hooks, pool=pool, **standard_webhook(SECRET, sender="acme"))
+
+    def charge(amount):
+        """Charges amount on the request's transaction."""
+        return g.db.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id", (amount,)).fetchone()[0]
+
+    @hooks.post("/webhooks")
+    def webhooks():
+        return {"charge": charge(request.get_json(force=True)["data"]["amount"])}
+
+    @app.post("/payments")
+    def payments():
+        return {"charge": charge(request.get_json()["amount"])}, 201
+
+    app.register_blueprint(hooks)
+    client = app.test_client()
+    headers, body = delivery("msg_m3", {"data": {"amount": 5}})
+    first = client.post("/webhooks", headers=headers, data=body)
+    again = client.post("/webhooks", headers=headers, data=body)
+    assert (first.status_code, again.status_code) == (200, 200) and first.data == again.data
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert client.post("/webhooks", headers=[("Idempotency-Key", "k-2")], data=body).status_code == 400
+    paid = client.post("/payments", headers={"Idempotency-Key": "k-3"}, json={"amount": 2})
+    assert paid.status_code == 201
+    assert client.post("/payments", headers={"Idempotency-Key": "k-3"}, json={"amount": 2}) \
+        .headers["Idempotent-Replayed"] == "true"
+    assert client.post("/payments", headers=headers, data=body).status_code == 400, "no Idempotency-Key"
+    assert sorted(admin.execute("SELECT scope, key FROM idempotency.keys").fetchall()) == \
+        [("", "k-3"), ("webhook:acme", "msg_m3")]
+    assert value(admin, "SELECT count(*) FROM charges") == 2

@@ -38,16 +38,16 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = [(name.decode("latin-1").lower(), value) for name, value in scope["headers"]]
-        key, refusal = contract.read_key(headers, self.options)
-        if refusal:
-            await _send(send, refusal)
-            return
         body = await _read_body(receive)
         if body is None:
             return  # the client went away before sending its body
+        key, key_scope, refusal = contract.identify(self.options, scope, headers, body)
+        if refusal:
+            await _send(send, refusal)
+            return
         held = flow.AsyncHeld(self.pool)
         try:
-            answer = await self._serve(held, key, headers, scope, body, receive)
+            answer = await self._serve(held, key, key_scope, scope, body, receive)
             if answer is not None:
                 # The answer first: with one transaction, a replay's ROLLBACK comes after it.
                 await _send(send, answer)
@@ -57,13 +57,12 @@ class IdempotencyMiddleware:
         # fail_open without a connection
         await self.app(_with_db(scope, None), _replayed(body, receive), send)
 
-    async def _serve(self, held: flow.AsyncHeld, key: Optional[str], headers: contract.Headers,
+    async def _serve(self, held: flow.AsyncHeld, key: Optional[str], key_scope: str,
                      scope, body: bytes, receive) -> Optional[contract.Answer]:
-        """Claims the key and runs the app when it is new; returns the answer to send."""
+        """Claims the key (in key_scope) and runs the app when it is new; returns the answer to send."""
         pending = contract.Pending()
         if key is not None:
-            claim_scope = contract.claim_scope(self.options, scope, headers)
-            pending = contract.Pending(key, claim_scope, None, uuid.uuid4(), _fingerprint(scope, body))
+            pending = contract.Pending(key, key_scope, None, uuid.uuid4(), _fingerprint(scope, body))
             try:
                 claim, asked_again = await self._claim(held, pending)
             except psycopg.Error as err:
@@ -109,11 +108,15 @@ class IdempotencyMiddleware:
                 await self._abandon(held.conn, pending, None if answer.status < 500 else answer)
                 return answer
             try:
-                await self._commit(held.conn, pending, answer)
+                pending = contract.with_stored(pending, answer, self.options)
+                await self._commit(held.conn, pending)
                 return answer
             except ClaimLost:
                 # Its writes roll back when the connection goes back, before the answer goes out.
                 return contract.claim_lost()
+            except contract.RedactFailed as err:
+                await self._abandon(held.conn, pending)
+                return contract.redact_failed(pending, err)
             except psycopg.Error as err:
                 if pending.fence is None or not contract.answer_lost(err):
                     await self._abandon(held.conn, pending)
@@ -123,10 +126,9 @@ class IdempotencyMiddleware:
                 claim, _ = await self._claim(held, pending)
             except psycopg.Error as err:
                 return contract.outcome_unknown(err)
-            if claim.outcome != "new":
-                return contract.after_lost_commit(claim, answer, self.options)
-            pending = pending._replace(fence=claim.fence)
-            contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
+            after, pending = flow.after_reclaim(claim, pending, answer, self.options)
+            if after is not None:
+                return after
         await self._abandon(held.conn, pending)
         return contract.outcome_unknown(lost)
 
@@ -135,15 +137,14 @@ class IdempotencyMiddleware:
         return await flow.aclaim_answered(self.client, pending, self.options, held.take, held.give_back,
                                           self.pool.check)
 
-    async def _commit(self, conn, pending: contract.Pending, answer: contract.Answer) -> None:
-        """Stores the answer with complete() and commits the app's transaction."""
+    async def _commit(self, conn, pending: contract.Pending) -> None:
+        """Stores pending.stored with complete() and commits the app's transaction."""
         if pending.fence is None:
             await conn.commit()
             return
-        await self.client.complete(
-            pending.key, pending.fence, answer.status, answer.body,
-            contract.headers_to_store(answer.headers, self.options),
-            scope=pending.scope, conn=conn, commit=True)
+        stored = pending.stored
+        await self.client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
+                                   scope=pending.scope, conn=conn, commit=True)
 
     async def _abandon(self, conn, pending: contract.Pending,
                        failed: Optional[contract.Answer] = None) -> None:

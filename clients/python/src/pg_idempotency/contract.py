@@ -1,6 +1,7 @@
-"""The HTTP contract (docs/http-contract.md), shared by the Flask and ASGI
-middlewares: the Idempotency-Key field, the scope, the request's
-fingerprint, the answers (problem+json, replays) and the options.
+"""The HTTP contract (docs/http-contract.md), shared by the middlewares
+(Flask, ASGI, Django): the Idempotency-Key field or a webhook key source,
+the scope, the request's fingerprint, what is stored of a response (the
+redact option), the answers (problem+json, replays) and the options.
 
 Nothing here does I/O or knows a framework: headers come in as pairs of
 (lowercase name, raw bytes), answers go out as an Answer.
@@ -46,6 +47,7 @@ PROBLEMS = {
     "webhook_unverified": (400, "The webhook did not verify."),
     "webhook_rejected": (400, "The webhook's event cannot be processed."),
     "webhook_handler_failed": (500, "The webhook's handler failed; deliver it again."),
+    "idempotency_redact_failed": (500, "The response could not be redacted for storing; nothing was kept."),
 }
 
 
@@ -56,14 +58,31 @@ class Answer(NamedTuple):
     body: bytes
 
 
+class Stored(NamedTuple):
+    """A response as complete() stores it: what the redact option gets and returns."""
+    status: int
+    headers: dict
+    body: bytes
+
+
+class RedactFailed(Exception):
+    """The redact option raised (the cause): nothing is stored, the key is released."""
+
+
+class Unverified(Exception):
+    """A webhook delivery that did not verify (400), refused before any claim: the message says why."""
+
+
 class Pending(NamedTuple):
     """A covered request whose handler runs: its claim (fence None:
-    unguarded), and what claims it again: the token and the fingerprint."""
+    unguarded), what claims it again: the token and the fingerprint, and
+    what its last complete() stored, to know its own replay after a lost COMMIT."""
     key: Optional[str] = None
     scope: str = ""
     fence: Optional[int] = None
     token: Optional[UUID] = None
     fingerprint: Optional[bytes] = None
+    stored: Optional[Stored] = None
 
 
 # The pauses before each claim of a request asked again because the
@@ -79,7 +98,7 @@ class InvalidKey(ValueError):
 
 @dataclass
 class Options:
-    """The middleware's options (see README.md); both middlewares take them as keywords."""
+    """The middleware's options (see README.md); every middleware takes them as keywords."""
     methods: Iterable[str] = ("POST", "PATCH")
     required: bool = True
     fail_open: bool = False
@@ -91,6 +110,8 @@ class Options:
     tracer_provider: Any = None
     one_transaction: bool = False
     wait: Interval = None
+    redact: Optional[Callable[[Stored], Stored]] = None
+    source: Any = None   # a webhook source (pg_idempotency.webhooks): where the key and the scope come from
 
     def __post_init__(self):
         """Normalises the case of methods and header names; one transaction
@@ -186,6 +207,26 @@ def read_key(headers: Headers, options: Options) -> Tuple[Optional[str], Optiona
     return key, None
 
 
+def identify(options: Options, request: Any, headers: Headers,
+             body: bytes) -> Tuple[Optional[str], str, Optional[Answer]]:
+    """Returns the request's (key, scope, None): from the Idempotency-Key
+    field and the scope option, or, with a source option (a webhook source
+    of pg_idempotency.webhooks), the delivery's verified event id and its
+    sender's scope; (None, '', None) for a missing optional key; (None, '',
+    the 400 answer) for a malformed key or a delivery that did not verify,
+    which is never claimed."""
+    if options.source is not None:
+        try:
+            event = options.source.event([(name, value.decode("latin-1")) for name, value in headers], body)
+        except Unverified as err:
+            return None, "", problem("webhook_unverified", str(err))
+        return event.key, event.scope, None
+    key, refusal = read_key(headers, options)
+    if key is None:
+        return None, "", refusal
+    return key, claim_scope(options, request, headers), None
+
+
 def credential_scope(headers: Headers) -> str:
     """Returns the hex SHA-256 of the caller's credential (Authorization,
     else X-API-Key), '' without one: the credential itself is never stored."""
@@ -268,23 +309,39 @@ def outcome_unknown(err: BaseException) -> Answer:
                    "retry it: it is replayed if it completed.", retry_after=1)
 
 
-def after_lost_commit(claim: Claim, answer: Answer, options: Options) -> Answer:
+def after_lost_commit(claim: Claim, answer: Answer, options: Options, stored: Optional[Stored] = None) -> Answer:
     """The answer when a claim asked again after a lost COMMIT is not new:
     replay, it committed (two transactions: the claim was ours, so this is
-    the handler's answer; one: the stored response, perhaps a duplicate's);
-    otherwise another request took the key (two transactions: 409 claim
-    lost; one: its claim's answer, 409 in progress)."""
+    the handler's answer; one: the handler's answer when the replay is of
+    what it stored, else the stored response, a duplicate's); otherwise
+    another request took the key (two transactions: 409 claim lost; one:
+    its claim's answer, 409 in progress)."""
     if options.one_transaction:
-        return answer_claim(claim)
+        return answer if own_replay(claim, stored) else answer_claim(claim)
     return answer if claim.outcome == "replay" else claim_lost()
 
 
-def server_error(pending: Pending, failed: Answer, options: Options) -> dict:
-    """The arguments of keep_server_error() for a 5xx in one transaction."""
-    return {"key": pending.key, "fingerprint": pending.fingerprint, "status_code": failed.status,
-            "body": failed.body, "headers": headers_to_store(failed.headers, options),
-            "scope": pending.scope, "lease": options.lease, "retention": options.retention,
-            "wait": options.wait}
+def own_replay(claim: Claim, stored: Optional[Stored]) -> bool:
+    """True when claim replays what this request stored (stored: what its
+    complete() stored before the COMMIT's answer was lost), not a
+    duplicate's response."""
+    return (stored is not None and claim.outcome == "replay" and claim.status_code == stored.status
+            and bytes(claim.body or b"") == stored.body)
+
+
+def with_stored(pending: Pending, answer: Answer, options: Options) -> Pending:
+    """pending with what complete() is to store of answer (to_store; it
+    raises RedactFailed); unguarded (no fence), pending as it is."""
+    if pending.fence is None:
+        return pending
+    return pending._replace(stored=to_store(answer, options))
+
+
+def redact_failed(pending: Pending, err: RedactFailed) -> Answer:
+    """The 500 when the redact option failed: the work's writes roll back and
+    its key is released, as for a handler that raised (logged)."""
+    log.error("idempotency: the response of %r was not stored: %s", pending.key, err)
+    return problem("idempotency_redact_failed")
 
 
 def claim_lost() -> Answer:
@@ -358,6 +415,23 @@ def _header_pairs(stored: dict) -> Iterable[Tuple[str, str]]:
 # Stored with the body whatever store_headers says: without it the stored
 # bytes (compressed by a middleware inside this one) cannot be read.
 BODY_HEADERS = frozenset({"content-encoding"})
+
+
+def to_store(answer: Answer, options: Options) -> Stored:
+    """Returns what complete() stores of a response: its status, the headers
+    a replay repeats and its body, as the redact option changes them (the
+    live response is left as it is). Raises RedactFailed when redact raises
+    or returns something else than a Stored."""
+    stored = Stored(answer.status, headers_to_store(answer.headers, options), bytes(answer.body))
+    if options.redact is None:
+        return stored
+    try:
+        redacted = options.redact(stored)
+    except Exception as err:
+        raise RedactFailed(f"the redact option raised: {err!r}") from err
+    if not isinstance(redacted, Stored):
+        raise RedactFailed(f"the redact option returned {type(redacted).__name__}, not a Stored")
+    return redacted
 
 
 def headers_to_store(headers: Iterable[Tuple[str, str]], options: Options) -> dict:

@@ -22,6 +22,7 @@ the key.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from typing import NamedTuple, Optional
@@ -34,8 +35,7 @@ from django.http import HttpResponse
 from django.utils.module_loading import import_string
 
 from . import contract, flow
-from .client import CLAIM, COMPLETE, KEEP_SERVER_ERROR, RELEASE, Claim, _json, _kept
-from .telemetry import Telemetry, outcome, release_outcome
+from .client import Claim, Client, _first_column
 
 IK001 = "IK001"
 
@@ -66,8 +66,8 @@ class _Step(NamedTuple):
 class IdempotencyMiddleware:
     """Guards the project's POST and PATCH requests with Idempotency-Key.
     Settings: IDEMPOTENCY, a dict of contract.Options and "using" (the
-    database alias, default "default"); "scope", "exempt" and
-    "tracer_provider" may be dotted paths."""
+    database alias, default "default"); "scope", "exempt", "redact",
+    "source" and "tracer_provider" may be dotted paths."""
 
     sync_capable = True
     async_capable = True
@@ -80,11 +80,11 @@ class IdempotencyMiddleware:
             markcoroutinefunction(self)
         options = dict(getattr(settings, "IDEMPOTENCY", {}))
         self.using = options.pop("using", "default")
-        for name in ("scope", "exempt", "tracer_provider"):
+        for name in ("scope", "exempt", "tracer_provider", "redact", "source"):
             if isinstance(options.get(name), str):
                 options[name] = import_string(options[name])
         self.options = contract.Options(**options)
-        self.calls = _Calls(self.using, Telemetry(self.options.tracer_provider))
+        self.calls = _DjangoClient(self.using, self.options.tracer_provider)
 
     def __call__(self, request):
         """Serves one request: covered methods are guarded."""
@@ -95,18 +95,13 @@ class IdempotencyMiddleware:
         answer, pending = self._begin(request)
         if answer is not None:
             return answer
-        step, may_have_run = _Step(), False
-        for _ in range(1 + contract.RERUNS):
-            step = self._settle(request, pending, self._attempt(request, pending, again=step.claim_lost))
-            if step.response is not None:
-                return step.response
-            may_have_run = may_have_run or not step.claim_lost
-            pending = step.pending
-        if not may_have_run and self.options.fail_open:
-            contract.log.error("idempotency: running unguarded: %s", step.lost)
-            unguarded = contract.Pending()
-            return self._settle(request, unguarded, self._attempt(request, unguarded)).response
-        return self._give_up(step, may_have_run)
+        tries = _Tries(pending)
+        for pending, again in tries:
+            if tries.settled(self._settle(request, pending, self._attempt(request, pending, again))):
+                return tries.step.response
+        if self._run_unguarded(tries):
+            return self._settle(request, tries.pending, self._attempt(request, tries.pending)).response
+        return self._give_up(tries)
 
     async def __acall__(self, request):
         """Serves one request under ASGI: as __call__, the view awaited."""
@@ -123,20 +118,15 @@ class IdempotencyMiddleware:
             raise
         if answer is not None:
             return answer
-        step, may_have_run = _Step(), False
-        for _ in range(1 + contract.RERUNS):
-            attempt = await self._aattempt(request, pending, again=step.claim_lost)
-            step = await sync_to_async(self._settle)(request, pending, attempt)
-            if step.response is not None:
-                return step.response
-            may_have_run = may_have_run or not step.claim_lost
-            pending = step.pending
-        if not may_have_run and self.options.fail_open:
-            contract.log.error("idempotency: running unguarded: %s", step.lost)
-            unguarded = contract.Pending()
-            attempt = await self._aattempt(request, unguarded)
-            return (await sync_to_async(self._settle)(request, unguarded, attempt)).response
-        return await sync_to_async(self._give_up)(step, may_have_run)
+        tries = _Tries(pending)
+        for pending, again in tries:
+            attempt = await self._aattempt(request, pending, again)
+            if tries.settled(await sync_to_async(self._settle)(request, pending, attempt)):
+                return tries.step.response
+        if self._run_unguarded(tries):
+            attempt = await self._aattempt(request, tries.pending)
+            return (await sync_to_async(self._settle)(request, tries.pending, attempt)).response
+        return await sync_to_async(self._give_up)(tries)
 
     def process_exception(self, request, exception):
         """Notes that the view raised: its key is released whatever Django answers."""
@@ -146,16 +136,15 @@ class IdempotencyMiddleware:
         """Reads the key and claims it: returns (the answer, None) when the
         view must not run, else (None, the claim to run it under)."""
         headers = [(name.lower(), value.encode("latin-1")) for name, value in request.headers.items()]
-        key, refusal = contract.read_key(headers, self.options)
-        if refusal:
-            return _response(refusal), None
         try:
             body = request.body
         except RequestDataTooBig:
             return _response(contract.problem("request_body_too_large")), None
+        key, scope, refusal = contract.identify(self.options, request, headers, body)
+        if refusal:
+            return _response(refusal), None
         if key is None:
             return None, contract.Pending()
-        scope = contract.claim_scope(self.options, request, headers)
         pending = contract.Pending(key, scope, None, uuid.uuid4(),
                                    contract.wsgi_fingerprint(request.META, request.method, body))
         if self.options.one_transaction:
@@ -180,13 +169,14 @@ class IdempotencyMiddleware:
         attempt = _Attempt(pending=pending)
         try:
             with transaction.atomic(using=self.using):
-                attempt = self._claim_in_block(pending, again)
+                attempt = self._claim_in_block(request, pending, again)
                 if attempt.settled or attempt.unguarded:
                     return attempt
                 pending = attempt.pending
                 response = self.get_response(request)
                 attempt = _Attempt(response, _content(response), pending=pending)
-                return attempt._replace(failed=self._store(request, pending, response, attempt.body))
+                attempt = self._store(request, attempt)
+            return attempt   # the block committed (a failed COMMIT: below, with this attempt)
         except DatabaseError as err:
             return attempt._replace(error=err)
 
@@ -198,13 +188,12 @@ class IdempotencyMiddleware:
         await sync_to_async(atomic.__enter__)()
         attempt = _Attempt(pending=pending)
         try:
-            attempt = await sync_to_async(self._claim_in_block)(pending, again)
+            attempt = await sync_to_async(self._claim_in_block)(request, pending, again)
             if not (attempt.settled or attempt.unguarded):
                 pending = attempt.pending
                 response = await self.get_response(request)
                 attempt = _Attempt(response, await _acontent(response), pending=pending)
-                attempt = attempt._replace(
-                    failed=await sync_to_async(self._store)(request, pending, response, attempt.body))
+                attempt = await sync_to_async(self._store)(request, attempt)
         except BaseException as err:
             # One call, so that it runs to its end even if this task is cancelled again.
             await sync_to_async(self._leave_failed)(atomic, err, attempt.pending)
@@ -217,12 +206,13 @@ class IdempotencyMiddleware:
             return attempt._replace(error=err)
         return attempt
 
-    def _claim_in_block(self, pending: contract.Pending, again: bool = False) -> _Attempt:
+    def _claim_in_block(self, request, pending: contract.Pending, again: bool = False) -> _Attempt:
         """With one transaction, in the view's block: claims the key (again:
         after a claim whose answer was lost). Returns the attempt to go
         on with (its pending holds the fence), or one settled by the claim's
-        answer (its transaction rolls back), or one to run unguarded; raises
-        when the claim's answer is lost."""
+        answer (its transaction rolls back: the view's own response when it
+        replays what the view stored before a lost COMMIT), or one to run
+        unguarded; raises when the claim's answer is lost."""
         if not (self.options.one_transaction and pending.key is not None):
             return _Attempt(pending=pending)
         try:
@@ -239,6 +229,8 @@ class IdempotencyMiddleware:
         answer = contract.answer_claim(claim, asked_again=again)
         if answer:
             transaction.set_rollback(True, using=self.using)
+            if contract.own_replay(claim, pending.stored):
+                return _Attempt(request._idempotency_ran, settled=True)
             return _Attempt(_response(answer), settled=True)
         return _Attempt(pending=pending._replace(fence=claim.fence))
 
@@ -252,20 +244,29 @@ class IdempotencyMiddleware:
         if not isinstance(err, DatabaseError):
             self._abandon(pending)
 
-    def _store(self, request, pending: contract.Pending, response, body: bytes) -> bool:
+    def _store(self, request, attempt: _Attempt) -> _Attempt:
         """In the view's block: marks a failed view's writes for rollback, or
-        stores its response with complete(); returns whether it failed."""
-        failed = _failed(request, response)
-        if failed:
+        stores its response with complete(); returns the attempt, failed or
+        not (a redact option that raised fails it: its answer is a 500)."""
+        response = attempt.response
+        if _failed(request, response):
             transaction.set_rollback(True, using=self.using)
-        elif pending.fence is not None:
-            self._complete(pending, response.status_code, body, response.items())
-        return failed
+            return attempt._replace(failed=True)
+        if attempt.pending.fence is not None:
+            try:
+                attempt = attempt._replace(pending=contract.with_stored(attempt.pending, contract.Answer(
+                    response.status_code, list(response.items()), attempt.body), self.options))
+                self._complete(attempt.pending)
+            except contract.RedactFailed as err:
+                transaction.set_rollback(True, using=self.using)
+                request._idempotency_raised = True   # released, not stored
+                return attempt._replace(response=_response(contract.redact_failed(attempt.pending, err)),
+                                        failed=True)
+        return attempt
 
     def _settle(self, request, pending: contract.Pending, attempt: _Attempt) -> _Step:
-        """After an attempt: the response, or, when the COMMIT's answer was
-        lost, claims again with the token: replay means it committed (the
-        view's response goes out), new that it rolled back (the view runs again)."""
+        """After an attempt: the response to send, or the claim to run the view
+        again under (the attempt's COMMIT, or claim, lost its answer)."""
         if attempt.settled:
             return _Step(attempt.response)
         if attempt.unguarded:
@@ -274,29 +275,31 @@ class IdempotencyMiddleware:
         err = attempt.error
         if err is None:
             if attempt.failed:
-                status = attempt.response.status_code
-                raised = getattr(request, "_idempotency_raised", False)
-                self._abandon(pending, None if raised or status < 500 else contract.Answer(
-                    status, list(attempt.response.items()), attempt.body))
+                self._abandon(pending, _failure(request, attempt))
             return _Step(attempt.response)
         if _sqlstate(err) == IK001:
             return _Step(_response(contract.claim_lost()))
         if self.options.one_transaction:
+            request._idempotency_ran = attempt.response   # what a replay of its own sends
             return self._settle_lost(pending, err)
         if pending.fence is None or not contract.answer_lost(err.__cause__):
             self._abandon(pending)
             return _Step(_response(contract.unavailable(err)))
+        return self._reclaim(request, pending, attempt.response, err)
+
+    def _reclaim(self, request, pending: contract.Pending, response, lost: DatabaseError) -> _Step:
+        """Two transactions, after a COMMIT whose answer was lost: claims again
+        with the token (flow.after_reclaim): replay means it committed (the
+        view's response goes out), new that it rolled back (the view runs again)."""
         try:
             claim = self._claim(pending)
         except DatabaseError as again:
             return _Step(_response(contract.outcome_unknown(again)))
-        if claim.outcome == "replay":
-            return _Step(attempt.response)     # it committed: this is the response stored
-        if claim.outcome != "new":   # another request took the key over
-            return _Step(_response(contract.claim_lost()))
+        after, pending = flow.after_reclaim(claim, pending, response, self.options)
+        if after is not None:
+            return _Step(response if after is response else _response(after))
         request._idempotency_raised = False
-        contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
-        return _Step(None, pending._replace(fence=claim.fence), err)
+        return _Step(None, pending, lost)
 
     def _settle_lost(self, pending: contract.Pending, err: DatabaseError) -> _Step:
         """With one transaction, after the block failed: nothing of it
@@ -309,14 +312,23 @@ class IdempotencyMiddleware:
         contract.log.warning("idempotency: the transaction of %r lost its answer; claiming again", pending.key)
         return _Step(None, pending._replace(fence=None), err, claim_lost=pending.fence is None)
 
-    def _give_up(self, step: _Step, may_have_run: bool) -> HttpResponse:
+    def _run_unguarded(self, tries: "_Tries") -> bool:
+        """After contract.RERUNS claims that lost their answers (one
+        transaction: nothing ran), fail_open runs the view unguarded."""
+        if tries.may_have_run or not self.options.fail_open:
+            return False
+        contract.log.error("idempotency: running unguarded: %s", tries.step.lost)
+        tries.pending = contract.Pending()
+        return True
+
+    def _give_up(self, tries: "_Tries") -> HttpResponse:
         """After contract.RERUNS attempts that lost their answers: 503. When
         only claims lost theirs (one transaction), nothing ran; else the key
         is released, and whether the request took effect is not known."""
-        if not may_have_run:
-            return _response(contract.unavailable(step.lost))
-        self._abandon(step.pending)
-        return _response(contract.outcome_unknown(step.lost))
+        if not tries.may_have_run:
+            return _response(contract.unavailable(tries.step.lost))
+        self._abandon(tries.pending)
+        return _response(contract.outcome_unknown(tries.step.lost))
 
     def _abandon(self, pending: contract.Pending, failed: Optional[contract.Answer] = None) -> None:
         """Ends the claim after its writes rolled back (flow.end_claim)."""
@@ -336,69 +348,79 @@ class IdempotencyMiddleware:
                                 lease=self.options.lease, retention=self.options.retention,
                                 wait=self.options.wait, token=pending.token)
 
-    def _complete(self, pending: contract.Pending, status: int, body: bytes, headers) -> str:
-        """Stores a response with complete() on Django's connection."""
-        return self.calls.complete(pending.key, pending.fence, status, body,
-                                   contract.headers_to_store(headers, self.options), scope=pending.scope)
+    def _complete(self, pending: contract.Pending) -> str:
+        """Stores pending.stored with complete() on Django's connection."""
+        stored = pending.stored
+        return self.calls.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
+                                   scope=pending.scope)
 
 
-class _Calls:
-    """The extension's functions on Django's connection, as flow's client
-    (Client's signatures; a failure raises Django's DatabaseError)."""
+class _DjangoClient(Client):
+    """Client's calls, and their spans, on Django's connection: in
+    autocommit, or in the atomic block they are called in. A failure raises
+    Django's DatabaseError (IK001 too: DJANGO_ERRORS tells it apart)."""
 
-    def __init__(self, using: str, telemetry: Telemetry):
+    def __init__(self, using: str, tracer_provider=None):
         """Calls on the connection of database alias using."""
-        self.using, self.telemetry = using, telemetry
+        super().__init__(None, tracer_provider=tracer_provider)
+        self.using = using
 
-    def claim(self, key: str, fingerprint: bytes, *, scope, lease, retention, wait, token, **_) -> Claim:
-        """Runs claim in autocommit, or in the atomic block it is called in."""
-        with self.telemetry.span("claim", key) as span:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(CLAIM, (key, fingerprint, scope, lease, retention, wait, token))
-                row = dict(zip((column.name for column in cursor.description), cursor.fetchone()))
-            if isinstance(row["headers"], str):   # Django loads jsonb as text
-                row["headers"] = json.loads(row["headers"])
-            if row["body"] is not None:
-                row["body"] = bytes(row["body"])
-            claim = Claim(**row)
-            outcome(span, claim.outcome, claim.attempt)
-            return claim
-
-    def complete(self, key: str, fence: int, status_code: int, body: bytes, headers: dict, *,
-                 scope, **_) -> str:
-        """Stores a response (headers already picked)."""
-        with self.telemetry.span("complete", key) as span:
-            answer = self._call(COMPLETE, key, fence, status_code, body, _json(headers), scope)
-            outcome(span, answer)
-            return answer
-
-    def release(self, key: str, fence: int, *, scope, **_) -> bool:
-        """Frees the key for the next retry."""
-        with self.telemetry.span("release", key) as span:
-            released = self._call(RELEASE, key, fence, scope)
-            outcome(span, release_outcome(released))
-            return released
-
-    def keep_server_error(self, key: str, fingerprint: bytes, status_code: int, body: bytes, headers: dict,
-                          *, scope, lease, retention, wait, **_) -> None:
-        """With one transaction, after a 5xx: stores it under a claim of its
-        own when idempotency.store_server_errors is on (client.KEEP_SERVER_ERROR)."""
-        with self.telemetry.span("complete", key) as span:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(KEEP_SERVER_ERROR,
-                               _kept(key, fingerprint, status_code, body, headers, scope, lease, retention, wait))
-                row = cursor.fetchone()
-            outcome(span, row[0] if row else "released")
-
-    def _call(self, sql: str, *params):
-        """Runs one of the extension's functions on Django's connection."""
+    def _call(self, conn, commit: bool, sql: str, params, row_factory=_first_column, begin: bool = False):
+        """Runs one of the extension's functions on Django's connection (conn,
+        commit and begin are the block's, or autocommit's, to decide)."""
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone()[0]
+            values = cursor.fetchone()
+            row = None if values is None else row_factory(cursor.cursor)(values)
+        return _loaded(row) if isinstance(row, Claim) else row
+
+
+def _loaded(claim: Claim) -> Claim:
+    """The claim with its stored headers as a dict and its body as bytes
+    (Django loads jsonb as text)."""
+    headers = json.loads(claim.headers) if isinstance(claim.headers, str) else claim.headers
+    body = None if claim.body is None else bytes(claim.body)
+    return dataclasses.replace(claim, headers=headers, body=body)
+
+
+class _Tries:
+    """The attempts of one request, at most 1 + contract.RERUNS, each after
+    the last lost its answer: iterates (pending, again: the last attempt's
+    claim lost its answer); whether the view may have run so far."""
+
+    def __init__(self, pending: contract.Pending):
+        """Starts with the claim made before the first attempt."""
+        self.pending = pending
+        self.step = _Step()
+        self.may_have_run = False
+
+    def __iter__(self):
+        """Yields the claim of each attempt until one settles or none is left."""
+        for _ in range(1 + contract.RERUNS):
+            yield self.pending, self.step.claim_lost
+
+    def settled(self, step: _Step) -> bool:
+        """Takes an attempt's step: True when it has the response to send."""
+        self.step = step
+        if step.response is not None:
+            return True
+        self.may_have_run = self.may_have_run or not step.claim_lost
+        self.pending = step.pending
+        return False
 
 
 def _nothing() -> None:
     """Nothing to take or recheck: Django's connection is the request's."""
+
+
+def _failure(request, attempt: _Attempt) -> Optional[contract.Answer]:
+    """The 5xx a failed view answered, for complete (it is released, or
+    kept with idempotency.store_server_errors); None when it raised or did
+    not finish (the key is released)."""
+    status = attempt.response.status_code
+    if getattr(request, "_idempotency_raised", False) or status < 500:
+        return None
+    return contract.Answer(status, list(attempt.response.items()), attempt.body)
 
 
 def _failed(request, response) -> bool:

@@ -13,7 +13,7 @@ import uuid
 from typing import Optional, Tuple
 
 import psycopg
-from flask import Response, current_app, g, request
+from flask import Blueprint, Response, current_app, g, request
 
 from . import contract, flow
 from .client import Claim, ClaimLost, Client
@@ -36,18 +36,34 @@ class Idempotency:
             self.init_app(app)
 
     def init_app(self, app) -> None:
-        """Registers the hooks around every request of app."""
+        """Registers the hooks around every request of app, or of a Blueprint:
+        then the blueprint's requests are this instance's, not the app's
+        (e.g. a webhook receiver's, with webhooks.standard_webhook's options)."""
         app.before_request(self._before)
         app.after_request(self._after)
         app.teardown_request(self._teardown)
+        if isinstance(app, Blueprint):
+            app.idempotency_guard = self
+
+    def _covers(self) -> bool:
+        """True when this instance guards the request: a method it covers, not
+        exempt, and not a request of a blueprint that has its own instance."""
+        if not contract.covers(self.options, request.method, request):
+            return False
+        if getattr(current_app.view_functions.get(request.endpoint), "idempotency_exempt", False):
+            return False
+        guards = [getattr(current_app.blueprints.get(name), "idempotency_guard", None)
+                  for name in request.blueprints]
+        return next((guard for guard in guards if guard is not None), self) is self
 
     def _before(self):
         """Claims the key: answers here, or lets the view run on g.db."""
-        if not contract.covers(self.options, request.method, request) or \
-                getattr(current_app.view_functions.get(request.endpoint), "idempotency_exempt", False):
+        if not self._covers():
             return None
+        g.idempotency_guard = self
         headers = _headers()
-        key, refusal = contract.read_key(headers, self.options)
+        key, scope, refusal = contract.identify(self.options, request, headers,
+                                                request.get_data(cache=True))
         if refusal:
             return _response(refusal)
         if key is None:
@@ -57,7 +73,6 @@ class Idempotency:
                 return self._unguarded(err)
             g.idempotency = contract.Pending()
             return None
-        scope = contract.claim_scope(self.options, request, headers)
         pending = contract.Pending(key, scope, None, uuid.uuid4(), _fingerprint())
         try:
             claim, asked_again = self._claim(pending)
@@ -119,7 +134,7 @@ class Idempotency:
         not after the answer, through call_on_close, which a test client
         that does not close its responses would never call)."""
         pending = g.get("idempotency")
-        if pending is None or g.get("db") is None:
+        if g.get("idempotency_guard") is not self or pending is None or g.get("db") is None:
             return response
         return self._finish(pending, response)
 
@@ -130,8 +145,6 @@ class Idempotency:
         fresh g.db, at most contract.RERUNS times."""
         for rerun in range(1 + contract.RERUNS):
             if rerun:
-                contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again",
-                                     pending.key)
                 response = current_app.make_response(current_app.dispatch_request())
             if contract.unfinished(response.status_code):
                 return response    # _teardown rolls back and releases the key
@@ -141,10 +154,14 @@ class Idempotency:
                     response.status_code, list(response.headers.items()), response.get_data())
                 return response
             try:
-                self._commit(pending, response)
+                pending = contract.with_stored(pending, contract.Answer(
+                    response.status_code, list(response.headers.items()), response.get_data()), self.options)
+                self._commit(pending)
                 return _done(response)
             except ClaimLost:
                 return _done(_response(contract.claim_lost()))   # _teardown rolls back
+            except contract.RedactFailed as err:
+                return _response(contract.redact_failed(pending, err))   # _teardown releases the key
             except psycopg.Error as err:
                 if pending.fence is None or not contract.answer_lost(err):
                     self._abandon(g.db, _done(pending))
@@ -154,20 +171,19 @@ class Idempotency:
                 claim, _ = self._claim(pending)
             except psycopg.Error as again:
                 return _done(_response(contract.outcome_unknown(again)))
-            if claim.outcome != "new":
-                answer = contract.Answer(response.status_code, [], b"")
-                after = contract.after_lost_commit(claim, answer, self.options)
-                return _done(response if after is answer else _response(after))
-            pending = g.idempotency = pending._replace(fence=claim.fence)
+            after, pending = flow.after_reclaim(claim, pending, response, self.options)
+            if after is not None:
+                return _done(response if after is response else _response(after))
+            g.idempotency = pending
         return _response(contract.outcome_unknown(lost))    # _teardown releases the claim
 
-    def _commit(self, pending: contract.Pending, response) -> None:
-        """Stores the response with complete() and commits the view's transaction."""
+    def _commit(self, pending: contract.Pending) -> None:
+        """Stores pending.stored with complete() and commits the view's transaction."""
         if pending.fence is None:
             g.db.commit()
             return
-        self.client.complete(pending.key, pending.fence, response.status_code, response.get_data(),
-                             contract.headers_to_store(response.headers.items(), self.options),
+        stored = pending.stored
+        self.client.complete(pending.key, pending.fence, stored.status, stored.body, stored.headers,
                              scope=pending.scope, conn=g.db, commit=True)
 
     def _abandon(self, conn, pending: contract.Pending,
@@ -178,6 +194,8 @@ class Idempotency:
     def _teardown(self, exc) -> None:
         """Returns the connection to the pool, after ending a claim still
         pending: a view that raised releases it; a 5xx it answered goes to complete."""
+        if g.get("idempotency_guard") is not self:
+            return
         pending = g.pop("idempotency", None)
         failed = g.pop("idempotency_failed", None)
         if pending is not None and g.get("db") is not None:

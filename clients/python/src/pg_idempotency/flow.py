@@ -74,6 +74,19 @@ async def aclaim_answered(client, pending: contract.Pending, options: contract.O
     raise AssertionError("unreachable")
 
 
+def after_reclaim(claim: Claim, pending: contract.Pending, live: object,
+                  options: contract.Options) -> Tuple[Optional[object], contract.Pending]:
+    """After a COMMIT whose answer was lost, what the claim asked again with
+    the token says. new: it rolled back, the work runs again under the
+    claim's fence: (None, that pending). Otherwise the answer to send, and
+    pending: live (the work's own response) when it committed, else
+    contract.after_lost_commit's answer (pending.stored tells its own replay)."""
+    if claim.outcome == "new":
+        contract.log.warning("idempotency: the COMMIT of %r rolled back; running it again", pending.key)
+        return None, pending._replace(fence=claim.fence)
+    return contract.after_lost_commit(claim, live, options, pending.stored), pending
+
+
 def _log_lost_claim(pending: contract.Pending, err: BaseException) -> None:
     """Says that a claim is asked again."""
     contract.log.warning("idempotency: a claim of %r got no answer, asking again: %s", pending.key, err)
@@ -91,37 +104,75 @@ def abandon(client, conn, pending: contract.Pending, options: contract.Options,
 
 def end_claim(client, conn, pending: contract.Pending, options: contract.Options,
               failed: Optional[contract.Answer] = None, errors: Errors = PSYCOPG) -> None:
-    """Ends the claim after the work's writes rolled back: a 5xx response
-    (failed) goes to complete, which releases the key or, with
-    idempotency.store_server_errors on, stores the response; otherwise, or
-    when complete fails, the key is released for the next retry. With one
-    transaction the claim rolled back with the writes: only a 5xx kept by
-    that setting is written."""
+    """Ends the claim after the work's writes rolled back (_endings says how)."""
+    steps = _endings(pending, options, failed, errors)
+    step = next(steps, None)
+    while step is not None:
+        name, arguments = step
+        try:
+            getattr(client, name)(conn=conn, **arguments)
+            outcome = None
+        except (ClaimLost, errors.kind) as err:
+            outcome = err
+        step = _next_step(steps, outcome)
+
+
+def _endings(pending: contract.Pending, options: contract.Options, failed: Optional[contract.Answer],
+             errors: Errors):
+    """The calls that end a claim after the work's writes rolled back, as
+    (client method, its arguments), each sent back what it raised (None when
+    it succeeded): a 5xx response (failed) goes to complete, which releases
+    the key or, with idempotency.store_server_errors on, stores the response;
+    otherwise, or when complete fails, the key is released for the next
+    retry. With one transaction the claim rolled back with the writes: only
+    a 5xx kept by that setting is written."""
     if pending.fence is None:
         return
+    stored = _failure_to_store(pending, failed, options)
     if options.one_transaction:
-        if failed is not None:
-            try:
-                client.keep_server_error(conn=conn, **contract.server_error(pending, failed, options))
-            except errors.kind as err:
+        if stored is not None:
+            err = yield "keep_server_error", _kept_arguments(pending, stored, options)
+            if err is not None:
                 _log_unkept(pending, failed, err)
         return
-    if failed is not None:
-        try:
-            client.complete(pending.key, pending.fence, failed.status, failed.body,
-                            contract.headers_to_store(failed.headers, options),
-                            scope=pending.scope, conn=conn, commit=True)
-            return
-        except ClaimLost:
-            return  # a retry owns the key: nothing of ours to free
-        except errors.kind as err:  # 54000 (too large to store) among others
-            if errors.sqlstate(err) == "IK001":
-                return
-            _log_unended(pending, failed, err)
-    try:
-        client.release(pending.key, pending.fence, scope=pending.scope, conn=conn, commit=True)
-    except errors.kind as err:
+    if stored is not None:
+        err = yield "complete", {"key": pending.key, "fence": pending.fence, "status_code": stored.status,
+                                 "body": stored.body, "headers": stored.headers, "scope": pending.scope,
+                                 "commit": True}
+        if err is None or isinstance(err, ClaimLost) or errors.sqlstate(err) == "IK001":
+            return  # stored or released; or a retry owns the key: nothing of ours to free
+        _log_unended(pending, failed, err)   # 54000 (too large to store) among others
+    err = yield "release", {"key": pending.key, "fence": pending.fence, "scope": pending.scope, "commit": True}
+    if err is not None:
         _log_unreleased(pending, err)
+
+
+def _next_step(steps, outcome: Optional[BaseException]):
+    """Sends the outcome of a step of _endings; returns the next step, or None."""
+    try:
+        return steps.send(outcome)
+    except StopIteration:
+        return None
+
+
+def _failure_to_store(pending: contract.Pending, failed: Optional[contract.Answer],
+                      options: contract.Options) -> Optional[contract.Stored]:
+    """What complete() gets of a 5xx (contract.to_store); None without one,
+    or when the redact option failed on it (the key is released)."""
+    if failed is None:
+        return None
+    try:
+        return contract.to_store(failed, options)
+    except contract.RedactFailed as err:
+        contract.log.error("idempotency: the %d of %r is not stored: %s", failed.status, pending.key, err)
+        return None
+
+
+def _kept_arguments(pending: contract.Pending, stored: contract.Stored, options: contract.Options) -> dict:
+    """The arguments of keep_server_error() for a 5xx in one transaction."""
+    return {"key": pending.key, "fingerprint": pending.fingerprint, "status_code": stored.status,
+            "body": stored.body, "headers": stored.headers, "scope": pending.scope,
+            "lease": options.lease, "retention": options.retention, "wait": options.wait}
 
 
 async def aabandon(client, conn, pending: contract.Pending, options: contract.Options,
@@ -131,29 +182,16 @@ async def aabandon(client, conn, pending: contract.Pending, options: contract.Op
         await conn.rollback()
     except psycopg.Error as err:
         conn = _broken(pending, err)
-    if pending.fence is None:
-        return
-    if options.one_transaction:
-        if failed is not None:
-            try:
-                await client.keep_server_error(conn=conn, **contract.server_error(pending, failed, options))
-            except psycopg.Error as err:
-                _log_unkept(pending, failed, err)
-        return
-    if failed is not None:
+    steps = _endings(pending, options, failed, PSYCOPG)
+    step = next(steps, None)
+    while step is not None:
+        name, arguments = step
         try:
-            await client.complete(pending.key, pending.fence, failed.status, failed.body,
-                                  contract.headers_to_store(failed.headers, options),
-                                  scope=pending.scope, conn=conn, commit=True)
-            return
-        except ClaimLost:
-            return  # a retry owns the key: nothing of ours to free
-        except psycopg.Error as err:  # 54000 (too large to store) among others
-            _log_unended(pending, failed, err)
-    try:
-        await client.release(pending.key, pending.fence, scope=pending.scope, conn=conn, commit=True)
-    except psycopg.Error as err:
-        _log_unreleased(pending, err)
+            await getattr(client, name)(conn=conn, **arguments)
+            outcome = None
+        except (ClaimLost, psycopg.Error) as err:
+            outcome = err
+        step = _next_step(steps, outcome)
 
 
 def _broken(pending: contract.Pending, err: BaseException) -> None:

@@ -17,12 +17,17 @@ sender delivers it. The key is the sender's event id, the scope the sender.
 - BodyKey: the key is a field of the body (Stripe's ``id``), after the
   sender's own verification (a callable given; e.g. Stripe's construct_event).
 
-Answers: 200 with the handler's result as JSON (a redelivery gets the stored
-one, ``Idempotent-Replayed: true``); 409 + Retry-After while a delivery of
-the event runs; 422 when the event id comes again with another payload;
-400 when the handler raised a final error (``final=``: stored, every
-redelivery gets it); 500 when it raised another (the key is released: the
-sender's retry runs it); 503 when the database cannot be reached.
+Or as a middleware's key source, the view guarded as any other::
+
+    Idempotency(blueprint, pool=pool, **standard_webhook("whsec_...", sender="acme"))
+
+Answers of a WebhookReceiver: 200 with the handler's result as JSON (a
+redelivery gets the stored one, ``Idempotent-Replayed: true``); 409 +
+Retry-After while a delivery of the event runs; 422 when the event id comes
+again with another payload; 400 when the handler raised a final error
+(``final=``: stored, every redelivery gets it); 500 when it raised another
+(the key is released: the sender's retry runs it); 503 when the database
+cannot be reached.
 """
 
 from __future__ import annotations
@@ -35,22 +40,24 @@ from typing import Any, Callable, Iterable, NamedTuple, Tuple
 import psycopg
 
 from . import contract
+from .contract import Unverified
 from .function import InProgress, Mismatch, Outcome, idempotent_function, is_final
 
 Headers = Iterable[Tuple[str, str]]
 
 
 class Event(NamedTuple):
-    """A verified delivery: the sender's event id (the key), the sender (the
-    scope), the body as received and its JSON."""
+    """A verified delivery: the sender's event id (the key), the sender, the
+    body as received and its JSON."""
     key: str
     sender: str
     body: bytes
     payload: Any
 
-
-class Unverified(Exception):
-    """A delivery refused before any claim (400): the message says why."""
+    @property
+    def scope(self) -> str:
+        """The scope of the event's key: "webhook:" and the sender."""
+        return "webhook:" + self.sender
 
 
 class StandardWebhooks:
@@ -100,6 +107,21 @@ class BodyKey:
         return Event(key, self.sender, body, payload)
 
 
+def standard_webhook(secret: str, *, sender: str) -> dict:
+    """The options of a middleware (Flask, ASGI, Django) that receives
+    Standard Webhooks deliveries: POST only, the key the verified
+    webhook-id, the scope the sender; a delivery that does not verify is
+    400 webhook_unverified and never claimed."""
+    return {"methods": ("POST",), "source": StandardWebhooks(secret, sender=sender)}
+
+
+def body_key(field: str = "id", *, verify: Callable[[dict, bytes], Any], sender: str) -> dict:
+    """The options of a middleware that receives deliveries whose event id
+    is a field of the JSON body (Stripe's "id"), after verify(headers, body),
+    the sender's own verification (see BodyKey)."""
+    return {"methods": ("POST",), "source": BodyKey(verify, sender=sender, field=field)}
+
+
 def _event_fingerprint(arguments: dict) -> bytes:
     """The fingerprint of a delivery: SHA-256 of its body as received."""
     return hashlib.sha256(arguments["event"].body).digest()
@@ -117,7 +139,7 @@ class WebhookReceiver:
         self.final = final
         options = {"one_transaction": one_transaction, "wait": wait, "retention": retention,
                    "final": final, "tracer_provider": tracer_provider, "fingerprint": _event_fingerprint,
-                   "key": lambda event: event.key, "scope": lambda event: "webhook:" + event.sender}
+                   "key": lambda event: event.key, "scope": lambda event: event.scope}
         if lease is not None:
             options["lease"] = lease
         if inspect.iscoroutinefunction(handler):
