@@ -264,10 +264,12 @@ COMMENT ON FUNCTION idempotency.stats_recount() IS
 
 -- The live figures of idempotency.stats, at a cost that does not grow with
 -- the table.  rows_in_progress and oldest_lease_expires_at come from the
--- library's shared memory (_stats_gauges), exact once counted since start;
--- until then (or without preloading) rows_in_progress is an estimate from
--- the planner's statistics (the share of rows with a lease) and
--- oldest_lease_expires_at NULL, and live_figures_exact says so.  With
+-- library's shared memory (_stats_gauges), exact once counted since start.
+-- Until then (and without preloading, or on a standby) a table of up to
+-- 10,000 rows is counted (a scan that stops there), and a larger one's
+-- rows_in_progress is an estimate from the planner's statistics (the share
+-- of rows with a lease), with oldest_lease_expires_at NULL and
+-- live_figures_exact false.  With
 -- Citus, where idempotency.keys is distributed, each worker's memory knows
 -- only its own writes: the figures come from a distributed query of the
 -- cluster's records in progress, through the index that citus_distribute
@@ -285,8 +287,10 @@ SET search_path TO pg_catalog, pg_temp
 SET enable_seqscan TO off
 AS $$
 DECLARE
+	small_table constant bigint := 10000;
 	estimate bigint;
 	distributed boolean := false;
+	scanned bigint;
 BEGIN
 	SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
 				THEN pg_catalog.pg_stat_get_live_tuples(c.oid)
@@ -309,6 +313,15 @@ BEGIN
 		INTO rows_in_progress, oldest_lease_expires_at, live_figures_exact
 		FROM idempotency._stats_gauges('idempotency.keys'::pg_catalog.regclass) g;
 		IF NOT live_figures_exact OR live_figures_exact IS NULL THEN
+			SELECT pg_catalog.count(*) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state),
+				pg_catalog.min(t.lease_expires_at) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state),
+				pg_catalog.count(*)
+			INTO rows_in_progress, oldest_lease_expires_at, scanned
+			FROM (SELECT k.state, k.lease_expires_at FROM ONLY idempotency.keys k
+				  LIMIT small_table OPERATOR(pg_catalog.+) 1) t;
+			live_figures_exact := scanned OPERATOR(pg_catalog.<=) small_table;
+		END IF;
+		IF NOT live_figures_exact THEN
 			SELECT (estimate OPERATOR(pg_catalog.*) (1 OPERATOR(pg_catalog.-) s.null_frac))::bigint
 			INTO rows_in_progress
 			FROM pg_catalog.pg_stats s
@@ -316,7 +329,6 @@ BEGIN
 			  AND s.tablename OPERATOR(pg_catalog.=) 'keys'
 			  AND s.attname OPERATOR(pg_catalog.=) 'lease_expires_at';
 			oldest_lease_expires_at := NULL;
-			live_figures_exact := false;
 		END IF;
 	END IF;
 	rows_total := GREATEST(rows_in_progress, estimate);
@@ -344,7 +356,7 @@ COMMENT ON COLUMN idempotency.stats.rows_in_progress IS
 COMMENT ON COLUMN idempotency.stats.oldest_lease_expires_at IS
 	'The earliest end of a lease of a record in progress (exact when live_figures_exact, else NULL)';
 COMMENT ON COLUMN idempotency.stats.live_figures_exact IS
-	'Whether rows_in_progress and oldest_lease_expires_at are exact: false until the reaper or stats_recount() counted them since the server started';
+	'Whether rows_in_progress and oldest_lease_expires_at are exact: on a table of over 10,000 records, false until the reaper or stats_recount() counted them since the server started';
 
 -- The records in progress, oldest first, for whoever monitors the server
 -- (a scan of the table: no index of them makes complete's update non-HOT):

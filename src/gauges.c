@@ -103,6 +103,7 @@ typedef struct GaugeDb
 	bool		exact;			/* counted, and nothing made it doubtful since */
 	uint64		doubts;			/* how often it was made doubtful */
 	int64		rows;			/* its entries in the hash */
+	uint64		last_used;		/* when notes were last applied to it */
 } GaugeDb;
 
 typedef struct Gauges
@@ -111,6 +112,7 @@ typedef struct Gauges
 	uint32		epoch;			/* which of unfinished a pre-commit counts in */
 	uint32		unfinished[2];	/* transactions that applied notes, not yet ended */
 	int64		entries;		/* entries in the hash, all databases */
+	uint64		clock;			/* ticks at each use of a slot */
 	int			recounting;		/* the slot being recounted, or -1 */
 	int			naside;			/* notes kept aside for it */
 	bool		aside_full;
@@ -181,7 +183,7 @@ notes_forget(void)
 	applied_epoch = -1;
 }
 
-/* Removes every entry of dboid from the hash. */
+/* Removes every entry of a database's slot from the hash. */
 static void
 slot_clear(GaugeDb *db)
 {
@@ -201,15 +203,38 @@ slot_clear(GaugeDb *db)
 }
 
 /*
+ * The slot to take for a database that has none: a free one, or else the
+ * least recently used (a dropped database's, or one whose figures become
+ * inexact until its reaper recounts them), never the one being recounted.
+ */
+static GaugeDb *
+slot_to_take(void)
+{
+	GaugeDb    *oldest = NULL;
+
+	for (int i = 0; i < GAUGE_DATABASES; i++)
+	{
+		GaugeDb    *db = &gauges->dbs[i];
+
+		if (db->dboid == InvalidOid)
+			return db;
+		if (i != gauges->recounting && (oldest == NULL || db->last_used < oldest->last_used))
+			oldest = db;
+	}
+	slot_clear(oldest);
+	return oldest;
+}
+
+/*
  * The slot of this database's figures for its table relid, made (inexact)
- * when create; NULL when there is none (or no free one).  A slot of another
- * table of the same database (the extension was dropped and made again) is
- * cleared first.  Lock held exclusively when create.
+ * when create; NULL when there is none.  A slot of another table of the
+ * same database (the extension was dropped and made again) is cleared
+ * first.  Lock held exclusively when create.
  */
 static GaugeDb *
 slot_for(Oid relid, bool create)
 {
-	GaugeDb    *free_slot = NULL;
+	GaugeDb    *slot;
 
 	for (int i = 0; i < GAUGE_DATABASES; i++)
 	{
@@ -218,25 +243,30 @@ slot_for(Oid relid, bool create)
 		if (db->dboid == MyDatabaseId)
 		{
 			if (db->relid == relid)
+			{
+				if (create)
+					db->last_used = ++gauges->clock;
 				return db;
+			}
 			if (!create)
 				return NULL;
 			slot_clear(db);
 			db->relid = relid;
 			db->exact = false;
 			db->doubts++;
+			db->last_used = ++gauges->clock;
 			return db;
 		}
-		if (db->dboid == InvalidOid && free_slot == NULL)
-			free_slot = db;
 	}
-	if (!create || free_slot == NULL)
+	if (!create)
 		return NULL;
-	free_slot->dboid = MyDatabaseId;
-	free_slot->relid = relid;
-	free_slot->exact = false;
-	free_slot->rows = 0;
-	return free_slot;
+	slot = slot_to_take();
+	slot->dboid = MyDatabaseId;
+	slot->relid = relid;
+	slot->exact = false;
+	slot->doubts++;
+	slot->last_used = ++gauges->clock;
+	return slot;
 }
 
 /* Makes a database's figures inexact until a recount. */
