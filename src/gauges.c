@@ -636,6 +636,12 @@ idem_gauges_recount(Oid relid)
 
 	if (gauges == NULL)
 		return false;
+	/* Its own writes would be counted, then applied again at commit. */
+	if (nnotes > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("cannot recount idempotency statistics in a transaction that wrote idempotency records"),
+				 errhint("Recount in a transaction of its own.")));
 	LWLockAcquire(gauges->lock, LW_EXCLUSIVE);
 	db = slot_for(relid, true);
 	if (db == NULL || gauges->recounting >= 0)

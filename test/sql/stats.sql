@@ -113,3 +113,11 @@ SELECT idempotency.stats_recount();
 RESET ROLE;
 REVOKE USAGE ON SCHEMA idempotency FROM idem_stats_app;
 DROP ROLE idem_stats_app, idem_stats_monitor;
+
+-- a recount in a transaction that wrote records would count them twice: refused
+BEGIN;
+SELECT outcome FROM idempotency.claim('st-rc-1', '\x01');
+\set VERBOSITY sqlstate
+SELECT idempotency.stats_recount();
+\set VERBOSITY default
+ROLLBACK;
