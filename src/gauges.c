@@ -582,9 +582,12 @@ rebuild(GaugeDb *db, const Note *counted, int64 n, Snapshot snapshot, uint64 dou
 	db->exact = (db->doubts == doubts && !gauges->aside_full);
 }
 
-/* Ends a recount: the notes are no longer kept aside. */
+/*
+ * Ends a recount: the notes are no longer kept aside.  Also on an error and
+ * on a FATAL exit (a reaper told to stop while it waits).
+ */
 static void
-recount_end(void)
+recount_end(int code, Datum arg)
 {
 	LWLockAcquire(gauges->lock, LW_EXCLUSIVE);
 	gauges->recounting = -1;
@@ -656,15 +659,12 @@ idem_gauges_recount(Oid relid)
 	old_epoch = gauges->epoch++;
 	LWLockRelease(gauges->lock);
 
-	PG_TRY();
+	PG_ENSURE_ERROR_CLEANUP(recount_end, (Datum) 0);
 	{
 		exact = recount_now(db, old_epoch, doubts);
 	}
-	PG_FINALLY();
-	{
-		recount_end();
-	}
-	PG_END_TRY();
+	PG_END_ENSURE_ERROR_CLEANUP(recount_end, (Datum) 0);
+	recount_end(0, (Datum) 0);
 	return exact;
 }
 

@@ -22,6 +22,8 @@ use Test::More;
 my $node = idem_node('stats_restart');
 $node->append_conf('postgresql.conf', "idempotency.reaper_naptime = '1h'");
 $node->append_conf('postgresql.conf', 'max_prepared_transactions = 2');
+# Commits wait for synchronous standbys only where WAL senders may run.
+$node->append_conf('postgresql.conf', "wal_level = replica\nmax_wal_senders = 2");
 idem_start($node);
 $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 
@@ -85,6 +87,60 @@ $node->safe_psql('postgres', "ROLLBACK PREPARED 'claims'");
 is($node->safe_psql('postgres', 'SELECT idempotency.stats_recount()'),
 	't', 'once it has ended, a recount makes them exact');
 is($node->safe_psql('postgres', $figures_sql), 't|5|t', 'the rolled-back claim is not counted');
+
+# A commit that waits for a synchronous standby that is not there has
+# applied its notes (at pre-commit) but not ended: a recount waits for it,
+# and gives up (5 s) while it does not end; a recount terminated while it
+# waits leaves the next one free to run once the commit has ended.  The
+# claim is made before a synchronous standby is asked for (a claim that
+# draws new fences would wait for it in the claim itself), and committed
+# once a probe's commit shows that commits wait.
+my $stuck = $node->background_psql('postgres', on_error_stop => 0);
+$stuck->query_safe(q{BEGIN; SELECT outcome FROM idempotency.claim('sync', '\x01');});
+$node->safe_psql('postgres', "ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
+$node->reload;
+my $probe = $node->background_psql('postgres', on_error_stop => 0);
+$probe->query_until(qr/started/, "\\echo started\nCREATE TABLE probe ();\n");
+$node->poll_query_until('postgres',
+	q{SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'})
+  or die 'commits never waited for the synchronous standby';
+$stuck->query_until(qr/started/, "\\echo started\nCOMMIT;\n");
+ok( $node->poll_query_until('postgres',
+		q{SELECT count(*) = 2 FROM pg_stat_activity WHERE wait_event = 'SyncRep'}),
+	'the claim waits in its commit for a synchronous standby');
+is($node->safe_psql('postgres', 'SELECT idempotency.stats_recount()'),
+	'f', 'a recount gives up while a commit that applied its notes has not ended');
+# Terminate a recount while it waits (one that gave up first, on a slow
+# machine, is tried again).
+my $terminated = 0;
+for (1 .. 5)
+{
+	my $recount = $node->background_psql('postgres', on_error_stop => 0);
+	my $pid = $recount->query_safe('SELECT pg_backend_pid()');
+	$recount->query_until(qr/started/, "\\echo started\nSELECT idempotency.stats_recount();\n");
+	$node->poll_query_until('postgres',
+		qq{SELECT wait_event_type = 'Extension' OR (state = 'idle' AND query LIKE '%stats_recount%')
+		   FROM pg_stat_activity WHERE pid = $pid});
+	$terminated = $node->safe_psql('postgres',
+		qq{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		   WHERE pid = $pid AND wait_event_type = 'Extension'}) eq 't';
+	# A terminated session's psql has exited: nothing to quit.
+	eval { $recount->quit; };
+	last if $terminated;
+}
+ok($terminated, 'a recount waiting for that commit is terminated');
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET synchronous_standby_names');
+$node->reload;
+ok( $node->poll_query_until('postgres',
+		q{SELECT count(*) = 0 FROM pg_stat_activity WHERE wait_event = 'SyncRep'}),
+	'the commit ends once no synchronous standby is asked for');
+$stuck->quit;
+$probe->quit;
+$node->safe_psql('postgres', 'DROP TABLE probe');
+is($node->safe_psql('postgres', 'SELECT idempotency.stats_recount()'),
+	't', 'the next recount runs and makes the figures exact');
+is($node->safe_psql('postgres', $figures_sql), 't|6|t', 'they count the claim of that commit');
+$node->safe_psql('postgres', q{SELECT idempotency.release('sync', fence) FROM idempotency.keys WHERE key = 'sync'});
 
 # A DBA's plain SQL is not seen until a recount.
 $node->safe_psql('postgres', q{DELETE FROM idempotency.keys WHERE key = 'p5'});
