@@ -9,6 +9,7 @@ OBJS = \
 	src/claim.o \
 	src/fence.o \
 	src/fingerprint.o \
+	src/gauges.o \
 	src/guclist.o \
 	src/headers.o \
 	src/idempotency.o \
@@ -26,9 +27,9 @@ OBJS = \
 PGFILEDESC = "idempotency - idempotency keys for HTTP APIs"
 
 EXTENSION = idempotency idempotency_proxy
-DATA = sql/idempotency--1.0.sql sql/idempotency--1.5.sql
+DATA = sql/idempotency--1.0.sql sql/idempotency--1.6.sql
 DATA += sql/idempotency--1.0--1.1.sql sql/idempotency--1.1--1.2.sql sql/idempotency--1.2--1.3.sql \
-	sql/idempotency--1.3--1.4.sql sql/idempotency--1.4--1.5.sql
+	sql/idempotency--1.3--1.4.sql sql/idempotency--1.4--1.5.sql sql/idempotency--1.5--1.6.sql
 DATA += sql/idempotency_proxy--1.1.sql sql/idempotency_proxy--1.2.sql sql/idempotency_proxy--1.1--1.2.sql
 
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers

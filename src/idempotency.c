@@ -36,6 +36,7 @@
 #include "citus.h"
 #include "compat.h"
 #include "fence.h"
+#include "gauges.h"
 #include "headers.h"
 #include "idempotency.h"
 #include "reaper.h"
@@ -128,6 +129,7 @@ _PG_init(void)
 	idem_citus_init();
 	idem_reaper_init();
 	idem_stats_init();
+	idem_gauges_init();
 	idem_wait_init();
 	MarkGUCPrefixReserved("idempotency");
 }

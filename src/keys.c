@@ -47,6 +47,7 @@
 
 #include "compat.h"
 #include "fence.h"
+#include "gauges.h"
 #include "keys.h"
 
 /*
@@ -78,7 +79,8 @@
 #define REAP_WHERE(cond) "DELETE FROM ONLY idempotency.keys WHERE ctid" EQ "ANY (ARRAY("\
 	"SELECT ctid FROM ONLY idempotency.keys WHERE " EXPIRY_SECOND("expires_at") LE EXPIRY_SECOND("$1")\
 	" AND " EXPIRED_AT("$1") cond " ORDER BY " EXPIRY_SECOND("expires_at") ", expires_at"\
-	" LIMIT $2 FOR UPDATE SKIP LOCKED))"
+	" LIMIT $2 FOR UPDATE SKIP LOCKED))"\
+	" RETURNING fence, state" EQ IN_PROGRESS
 /*
  * The lease's end becomes e, never earlier, and the record's expiry moves
  * later by as much as the lease's end did: a response stored at the end of
@@ -136,7 +138,8 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		" recovery_point = NULL, recovery_state = NULL, status_code = NULL,"
 		" headers = NULL, body = NULL, created_at = $7, completed_at = NULL,"
 		" expires_at = $7" PLUS "$6"
-		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$8 AND " EXPIRED_AT("$7"),
+		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$8 AND " EXPIRED_AT("$7")
+		" RETURNING lease_expires_at",
 		10, {TEXTOID, TEXTOID, REGROLEOID, BYTEAOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID,
 		INT8OID, INT8OID, UUIDOID}
 	},
@@ -145,7 +148,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		" lease = $5, " LEASE_ENDS("$6" PLUS "$5")
 		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4 AND state" EQ IN_PROGRESS
 		" AND lease_expires_at" LE "$6 AND NOT (" EXPIRED_AT("$6") ")"
-		" RETURNING attempt, recovery_point, recovery_state, created_at",
+		" RETURNING attempt, recovery_point, recovery_state, created_at, lease_expires_at",
 		8, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, INT8OID, UUIDOID}
 	},
 	[PLAN_RESTAMP] = {
@@ -153,7 +156,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 		" created_at = CASE WHEN $6 IS NULL THEN created_at ELSE $5 END,"
 		" expires_at = COALESCE($5" PLUS "$6, expires_at" PLUS
 		"GREATEST(($5" PLUS "lease)" MINUS "lease_expires_at, '0'::pg_catalog.interval))"
-		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4",
+		" WHERE " KEY_IS " AND owner" EQ "$3 AND fence" EQ "$4 RETURNING lease_expires_at",
 		6, {TEXTOID, TEXTOID, REGROLEOID, INT8OID, TIMESTAMPTZOID, INTERVALOID}
 	},
 	[PLAN_RELEASE] = {
@@ -168,7 +171,7 @@ static const PlanDef plan_defs[NUM_PLANS] = {
 	[PLAN_CHECKPOINT] = {
 		"UPDATE ONLY idempotency.keys SET recovery_point = $5, recovery_state = $6, "
 		LEASE_ENDS("$7" PLUS "lease")
-		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$7") ")",
+		" WHERE " OWNED_BY_FENCE " AND NOT (" EXPIRED_AT("$7") ") RETURNING lease_expires_at",
 		7, {TEXTOID, TEXTOID, INT8OID, REGROLEOID, TEXTOID, JSONBOID, TIMESTAMPTZOID}
 	},
 	[PLAN_LOOKUP] = {
@@ -449,9 +452,14 @@ idem_keys_reset(IdemCall *call, text *key, bytea *fingerprint, int64 old_fence,
 	Int64GetDatum(new_fence), UUIDPGetDatum(token)};
 	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', token ? ' ' : 'n'};
 
+	bool		isnull;
+
 	if (run_plan(PLAN_RESET, call, values, nulls, false) != 1)
 		return false;
 	*fence = new_fence;
+	idem_gauges_ended(call->rel.relid, old_fence);
+	idem_gauges_claimed(call->rel.relid, new_fence,
+						DatumGetTimestampTz(result_col(1, &isnull)));
 	return true;
 }
 
@@ -479,6 +487,9 @@ idem_keys_takeover(IdemCall *call, text *key, Oid owner, int64 fence,
 	result->recovery_point = (text *) result_varlena(2, call->caller_cxt);
 	result->recovery_state = (Jsonb *) result_varlena(3, call->caller_cxt);
 	result->created_at = DatumGetTimestampTz(result_col(4, &isnull));
+	idem_gauges_ended(call->rel.relid, fence);
+	idem_gauges_claimed(call->rel.relid, new_fence,
+						DatumGetTimestampTz(result_col(5, &isnull)));
 	return true;
 }
 
@@ -495,10 +506,12 @@ idem_keys_restamp(IdemCall *call, text *key, Oid owner, int64 fence,
 		ObjectIdGetDatum(owner), Int64GetDatum(fence), TimestampTzGetDatum(now),
 	PointerGetDatum(retention)};
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', retention ? ' ' : 'n'};
+	bool		isnull;
 
 	if (run_plan(PLAN_RESTAMP, call, values, nulls, false) != 1)
 		elog(ERROR, "the claim just won of idempotency key \"%s\" is gone",
 			 text_to_cstring(key));
+	idem_gauges_leased(call->rel.relid, fence, DatumGetTimestampTz(result_col(1, &isnull)));
 }
 
 /* Deletes the claim if this fence owns it and the caller sees it. */
@@ -508,7 +521,10 @@ idem_keys_release(IdemCall *call, text *key, int64 fence)
 	Datum		values[4] = {call->scope, PointerGetDatum(key),
 	Int64GetDatum(fence), ObjectIdGetDatum(call->caller)};
 
-	return run_plan(PLAN_RELEASE, call, values, NULL, false) == 1;
+	if (run_plan(PLAN_RELEASE, call, values, NULL, false) != 1)
+		return false;
+	idem_gauges_ended(call->rel.relid, fence);
+	return true;
 }
 
 /*
@@ -528,6 +544,7 @@ idem_keys_extend(IdemCall *call, text *key, int64 fence, Interval *lease,
 	if (run_plan(PLAN_EXTEND, call, values, nulls, false) != 1)
 		return false;
 	*ends = DatumGetTimestampTz(result_col(1, &isnull));
+	idem_gauges_leased(call->rel.relid, fence, *ends);
 	return true;
 }
 
@@ -540,8 +557,12 @@ idem_keys_checkpoint(IdemCall *call, text *key, int64 fence,
 		Int64GetDatum(fence), ObjectIdGetDatum(call->caller), PointerGetDatum(recovery_point),
 	PointerGetDatum(recovery_state), TimestampTzGetDatum(now)};
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', recovery_state ? ' ' : 'n', ' '};
+	bool		isnull;
 
-	return run_plan(PLAN_CHECKPOINT, call, values, nulls, false) == 1;
+	if (run_plan(PLAN_CHECKPOINT, call, values, nulls, false) != 1)
+		return false;
+	idem_gauges_leased(call->rel.relid, fence, DatumGetTimestampTz(result_col(1, &isnull)));
+	return true;
 }
 
 /*
@@ -579,8 +600,18 @@ idem_keys_reap(IdemCall *call, int batch, TimestampTz now)
 	Datum		values[3] = {TimestampTzGetDatum(now), Int32GetDatum(batch),
 	ObjectIdGetDatum(call->caller)};
 	bool		every = has_privs_of_role(call->caller, idem_keys_catalog()->table_owner);
+	uint64		reaped = run_plan(every ? PLAN_REAP : PLAN_REAP_SEEN, call, values, NULL, false);
 
-	return run_plan(every ? PLAN_REAP : PLAN_REAP_SEEN, call, values, NULL, false);
+	for (uint64 i = 0; i < reaped; i++)
+	{
+		bool		isnull;
+		HeapTuple	row = SPI_tuptable->vals[i];
+
+		if (DatumGetBool(SPI_getbinval(row, SPI_tuptable->tupdesc, 2, &isnull)))
+			idem_gauges_ended(call->rel.relid,
+							  DatumGetInt64(SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &isnull)));
+	}
+	return reaped;
 }
 
 /*
@@ -610,6 +641,7 @@ idem_keys_insert_sql(IdemCall *call, text *key, bytea *fingerprint,
 				 false) != 1)
 		return false;
 	*fence = new_fence;
+	idem_gauges_claimed(call->rel.relid, new_fence, lease_expires_at);
 	return true;
 }
 
@@ -623,5 +655,8 @@ idem_keys_complete_sql(IdemCall *call, text *key, int64 fence, int32 status_code
 	PointerGetDatum(headers), PointerGetDatum(body), TimestampTzGetDatum(now)};
 	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', headers ? ' ' : 'n', body ? ' ' : 'n', ' '};
 
-	return run_plan(PLAN_COMPLETE, call, values, nulls, false) == 1;
+	if (run_plan(PLAN_COMPLETE, call, values, nulls, false) != 1)
+		return false;
+	idem_gauges_ended(call->rel.relid, fence);
+	return true;
 }

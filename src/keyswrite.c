@@ -22,10 +22,10 @@
  *   waits for a concurrent writer of the row; if that writer changed it,
  *   READ COMMITTED reads the row again and re-checks the fence (as
  *   EvalPlanQual would), and REPEATABLE READ fails with 40001, as an UPDATE
- *   would.  It is not a HOT update while the table has the partial index
- *   of records in progress (keys_in_progress_idx, from 1.3): complete
- *   changes state, which that index's predicate reads, so every index gets
- *   a new entry.
+ *   would.  From 1.6 it is a HOT update again where the page has room: no
+ *   index reads a column it changes (1.3 to 1.5 had an index of the records
+ *   in progress, which made it write every index; gauges.c keeps the
+ *   figures that index gave idempotency.stats).
  *
  * Everything else (reset, takeover, release, extend, checkpoint, lookup,
  * reap) stays in SPI plans (keys.c): they are rare, or bulk.
@@ -47,6 +47,7 @@
 #include "args.h"
 #include "compat.h"
 #include "fence.h"
+#include "gauges.h"
 #include "keysindex.h"
 #include "keysread.h"
 #include "keysrel.h"
@@ -114,6 +115,8 @@ idem_keys_insert(IdemCall *call, text *key, bytea *fingerprint, Interval *lease,
 
 	ExecDropSingleTupleTableSlot(slot);
 	idem_write_rel_close(&w);
+	if (inserted)
+		idem_gauges_claimed(call->rel.relid, *fence, idem_interval_end(now, lease));
 	/* Later reads of this transaction see the new record. */
 	CommandCounterIncrement();
 	return inserted;
@@ -210,6 +213,8 @@ idem_keys_complete(IdemCall *call, text *key, int64 fence, int32 status_code,
 	ExecDropSingleTupleTableSlot(new_slot);
 	ExecDropSingleTupleTableSlot(old_slot);
 	idem_write_rel_close(&w);
+	if (done)
+		idem_gauges_ended(call->rel.relid, fence);
 	CommandCounterIncrement();
 	return done;
 }

@@ -51,6 +51,7 @@
 
 #include "citus.h"
 #include "compat.h"
+#include "gauges.h"
 #include "guclist.h"
 #include "keys.h"
 #include "reaper.h"
@@ -507,6 +508,36 @@ reap_database(bool *found, int *batches)
 }
 
 /*
+ * Recounts the live figures of idempotency.stats where they are not exact
+ * (gauges.c: after a restart, an overflow, a doubt), in a transaction of
+ * its own, unless the table is distributed (the view counts through Citus).
+ */
+static void
+recount_if_needed(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (lock_for_batch() == BATCH_GO)
+	{
+		List	   *rels = idem_citus_local_rels();
+		Oid			relid = idem_keys_catalog()->keys.relid;
+
+		if (list_length(rels) == 1 && ((IdemKeysRel *) linitial(rels))->relid == relid &&
+			idem_gauges_need_recount(relid))
+		{
+			pgstat_report_activity(STATE_RUNNING,
+								   "recounting the records in progress of idempotency.keys");
+			if (!idem_gauges_recount(relid))
+				ereport(DEBUG1,
+						(errmsg_internal("idempotency's live figures stay an estimate after a recount")));
+		}
+	}
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+}
+
+/*
  * Overrides what the database or its owner may have set for clients, as
  * autovacuum does: a batch is bounded by its size, not by a timeout.
  */
@@ -575,6 +606,7 @@ idempotency_reaper_worker_main(Datum main_arg)
 	started = GetCurrentTimestamp();
 	PG_TRY();
 	{
+		recount_if_needed();
 		reaped = reap_database(&found, &batches);
 	}
 	PG_CATCH();

@@ -1,6 +1,9 @@
 -- idempotency.stats: counters count calls as they happen; live figures from the table
 CREATE EXTENSION IF NOT EXISTS idempotency;
 SELECT idempotency.stats_reset();
+-- the live figures are exact once counted since the server started (the
+-- reaper counts at its next run; stats_recount() at once)
+SELECT idempotency.stats_recount() AS exact;
 SELECT claims_new, claims_replay, reaped, stats_reset_at <= now() AS reset_ok FROM idempotency.stats;
 
 SELECT fence AS f FROM idempotency.claim('st-1', '\x01') \gset
@@ -23,7 +26,8 @@ ROLLBACK;
 SELECT claims_new, claims_replay, claims_in_progress, claims_mismatch, takeovers,
        completes_stored, completes_released, releases, fence_rejections
 FROM idempotency.stats;
--- the live figures: rows_in_progress and oldest_lease_expires_at exact,
+-- the live figures: rows_in_progress and oldest_lease_expires_at exact
+-- (kept by the library from the API's writes, applied at commit),
 -- rows_total the cumulative statistics' estimate (exact here once this
 -- session's statistics are flushed, as nothing else writes)
 SELECT pg_stat_force_next_flush();
@@ -31,12 +35,44 @@ SELECT s.rows_total = (SELECT count(*) FROM idempotency.keys) AS rows_total_ok,
        s.rows_in_progress = (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress') AS in_progress_ok,
        s.rows_in_progress > 0 AS some_in_progress,
        s.oldest_lease_expires_at = (SELECT min(lease_expires_at) FROM idempotency.keys
-                                    WHERE state = 'in_progress') AS oldest_ok
+                                    WHERE state = 'in_progress') AS oldest_ok,
+       s.live_figures_exact
 FROM idempotency.stats s;
 SELECT col.description
 FROM pg_attribute a JOIN pg_description col
   ON col.objoid = a.attrelid AND col.objsubid = a.attnum
 WHERE a.attrelid = 'idempotency.stats'::regclass AND a.attname = 'rows_total';
+
+-- only what commits counts: a rolled-back savepoint or transaction, nothing
+SELECT rows_in_progress AS n0 FROM idempotency.stats \gset
+BEGIN;
+SELECT fence AS r1 FROM idempotency.claim('st-rb-1', '\x01') \gset
+SELECT rows_in_progress = :n0 AS not_before_commit FROM idempotency.stats;
+SAVEPOINT sp;
+SELECT outcome FROM idempotency.claim('st-rb-2', '\x01');
+SELECT idempotency.complete('st-rb-1', :r1, 200);
+ROLLBACK TO SAVEPOINT sp;
+SAVEPOINT sp2;
+SELECT outcome FROM idempotency.claim('st-rb-3', '\x01');
+RELEASE SAVEPOINT sp2;
+COMMIT;
+SELECT rows_in_progress - :n0 AS added, live_figures_exact FROM idempotency.stats;
+BEGIN;
+SELECT outcome FROM idempotency.claim('st-rb-4', '\x01');
+ROLLBACK;
+SELECT rows_in_progress - :n0 AS added,
+       rows_in_progress = (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress') AS n_ok
+FROM idempotency.stats;
+
+-- complete's update is HOT again (1.6): no index reads a column it changes
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd AS upd0, n_tup_hot_upd AS hot0 FROM pg_stat_user_tables
+WHERE relid = 'idempotency.keys'::regclass \gset
+SELECT count(*) FILTER (WHERE idempotency.complete(k, (idempotency.claim(k, '\x01')).fence, 200) = 'stored')
+FROM (SELECT 'st-hot-' || i AS k FROM generate_series(1, 10) i) keys;
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd - :upd0 AS updates, n_tup_hot_upd - :hot0 > 0 AS some_hot
+FROM pg_stat_user_tables WHERE relid = 'idempotency.keys'::regclass;
 
 -- reading the statistics does not scan the records
 SELECT pg_stat_force_next_flush();
@@ -71,8 +107,17 @@ SELECT count(*) >= 0 AS monitor_reads FROM idempotency.in_flight;
 SET ROLE idem_stats_app;
 \set VERBOSITY sqlstate
 SELECT * FROM idempotency.in_flight;
-SELECT * FROM idempotency._stats_live();
+SELECT * FROM idempotency._stats_figures();
+SELECT idempotency.stats_recount();
 \set VERBOSITY default
 RESET ROLE;
 REVOKE USAGE ON SCHEMA idempotency FROM idem_stats_app;
 DROP ROLE idem_stats_app, idem_stats_monitor;
+
+-- a recount in a transaction that wrote records would count them twice: refused
+BEGIN;
+SELECT outcome FROM idempotency.claim('st-rc-1', '\x01');
+\set VERBOSITY sqlstate
+SELECT idempotency.stats_recount();
+\set VERBOSITY default
+ROLLBACK;

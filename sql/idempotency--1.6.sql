@@ -1,4 +1,4 @@
-/* idempotency--1.5.sql */
+/* idempotency--1.6.sql */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION idempotency" to load this file. \quit
@@ -32,10 +32,11 @@ COMMENT ON FUNCTION idempotency._expiry_second(timestamptz) IS
 -- The order of the columns: fixed-width ones first, so that the row has no
 -- alignment padding; the ones complete() changes in the middle, so that its
 -- WAL record holds only them (an update logs what differs between the old
--- and new row after their common beginning and end).  complete() takes the
--- record out of the index of records in progress (keys_in_progress_idx,
--- below), so its update is never HOT: the new row version gets an entry in
--- each of the table's other indexes.  lease and lease_expires_at are NULL
+-- and new row after their common beginning and end).  No index reads a
+-- column complete() changes, so its update is HOT where the page has room
+-- (1.3 to 1.5 had an index of the records in progress, which made it write
+-- every index; the library keeps those figures in shared memory instead).
+-- lease and lease_expires_at are NULL
 -- once the record is completed, and so is token (claim's token, kept only
 -- while in progress): it sits among the columns
 -- complete() changes, so that clearing it adds nothing to complete's WAL
@@ -70,14 +71,6 @@ COMMENT ON TABLE idempotency.keys IS
 	'Idempotency records, one per (scope, key, owner role); read and written only through the API';
 
 CREATE INDEX keys_expiry_second_idx ON idempotency.keys (idempotency._expiry_second(expires_at));
-
--- The records in progress, oldest first: what idempotency.stats counts and
--- idempotency.in_flight lists, read without scanning the table.  complete()
--- takes a record out of it, which makes complete's update of the row no
--- longer HOT (bench/RESULTS.md measures what that costs); extend() and
--- checkpoint() change none of its columns.
-CREATE INDEX keys_in_progress_idx ON idempotency.keys (created_at)
-	WHERE state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state;
 
 REVOKE ALL ON idempotency.keys FROM PUBLIC;
 REVOKE ALL ON idempotency.fence_seq FROM PUBLIC;
@@ -245,58 +238,128 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION idempotency.stats_reset() IS
 	'Zeroes the counters of idempotency.stats';
 
+-- The live figures of idempotency.stats as the library keeps them in shared
+-- memory, from the API's own writes, applied at commit: the records in
+-- progress of this database's table relid, the earliest end of their
+-- leases, and whether those are exact (a recount since start, and nothing
+-- since that could make them wrong); NULLs where the library keeps none
+-- (not preloaded, on a standby before promotion).
+CREATE FUNCTION idempotency._stats_gauges(
+	relid pg_catalog.regclass,
+	OUT rows_in_progress bigint,
+	OUT oldest_lease_expires_at timestamptz,
+	OUT exact boolean)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idempotency_stats_gauges'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency._stats_gauges(pg_catalog.regclass) IS
+	'internal: the records in progress as the library counts them in shared memory';
+
+CREATE FUNCTION idempotency.stats_recount()
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idempotency_stats_recount'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idempotency.stats_recount() IS
+	'Counts the records in progress again for idempotency.stats (one scan of the table); returns whether the figures are exact now';
+
 -- The live figures of idempotency.stats, at a cost that does not grow with
--- the table: rows_in_progress and oldest_lease_expires_at are exact, read
--- through keys_in_progress_idx (whatever the planner's statistics say,
--- hence enable_seqscan); rows_total is an estimate: the cumulative
+-- the table.  rows_in_progress and oldest_lease_expires_at come from the
+-- library's shared memory (_stats_gauges), exact once counted since start.
+-- Until then (and without preloading, or on a standby) a table of up to
+-- 10,000 rows is counted (a scan that stops there), and a larger one's
+-- rows_in_progress is an estimate from the planner's statistics (the share
+-- of rows with a lease), with oldest_lease_expires_at NULL and
+-- live_figures_exact false.  With
+-- Citus, where idempotency.keys is distributed, each worker's memory knows
+-- only its own writes: the figures come from a distributed query of the
+-- cluster's records in progress, through the index that citus_distribute
+-- makes (keys_in_progress_idx).  rows_total is an estimate: the cumulative
 -- statistics' live rows, or pg_class.reltuples when those are empty (after
--- a crash or a reset), never below the records in progress, as an exact
--- count would scan the table.  Two one-row subqueries, joined: with Citus,
--- where idempotency.keys is distributed, the count is a distributed query
--- (of the cluster's records in progress); Citus plans no subquery in a
--- select list.
-CREATE FUNCTION idempotency._stats_live(
+-- a crash or a reset), never below the records in progress.
+CREATE FUNCTION idempotency._stats_figures(
 	OUT rows_total bigint,
 	OUT rows_in_progress bigint,
-	OUT oldest_lease_expires_at timestamptz)
+	OUT oldest_lease_expires_at timestamptz,
+	OUT live_figures_exact boolean)
 RETURNS record
-LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
 SET enable_seqscan TO off
 AS $$
-SELECT GREATEST(p.n, s.estimate), p.n, p.oldest
-FROM (SELECT pg_catalog.count(*) AS n, pg_catalog.min(k.lease_expires_at) AS oldest
-	  FROM ONLY idempotency.keys k
-	  WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state) p,
-	 (SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
-				  THEN pg_catalog.pg_stat_get_live_tuples(c.oid)
-				  ELSE GREATEST(c.reltuples, 0)::bigint END AS estimate
-	  FROM pg_catalog.pg_class c
-	  WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) s
+DECLARE
+	small_table constant bigint := 10000;
+	estimate bigint;
+	distributed boolean := false;
+	scanned bigint;
+BEGIN
+	SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
+				THEN pg_catalog.pg_stat_get_live_tuples(c.oid)
+				ELSE GREATEST(c.reltuples, 0)::bigint END
+	INTO estimate
+	FROM pg_catalog.pg_class c
+	WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p'
+			' WHERE p.logicalrelid OPERATOR(pg_catalog.=) ''idempotency.keys''::pg_catalog.regclass)'
+		INTO distributed;
+	END IF;
+	IF distributed THEN
+		SELECT pg_catalog.count(*), pg_catalog.min(k.lease_expires_at), true
+		INTO rows_in_progress, oldest_lease_expires_at, live_figures_exact
+		FROM ONLY idempotency.keys k
+		WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state;
+	ELSE
+		SELECT g.rows_in_progress, g.oldest_lease_expires_at, g.exact
+		INTO rows_in_progress, oldest_lease_expires_at, live_figures_exact
+		FROM idempotency._stats_gauges('idempotency.keys'::pg_catalog.regclass) g;
+		IF NOT live_figures_exact OR live_figures_exact IS NULL THEN
+			SELECT pg_catalog.count(*) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state),
+				pg_catalog.min(t.lease_expires_at) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state),
+				pg_catalog.count(*)
+			INTO rows_in_progress, oldest_lease_expires_at, scanned
+			FROM (SELECT k.state, k.lease_expires_at FROM ONLY idempotency.keys k
+				  LIMIT small_table OPERATOR(pg_catalog.+) 1) t;
+			live_figures_exact := scanned OPERATOR(pg_catalog.<=) small_table;
+		END IF;
+		IF NOT live_figures_exact THEN
+			SELECT (estimate OPERATOR(pg_catalog.*) (1 OPERATOR(pg_catalog.-) s.null_frac))::bigint
+			INTO rows_in_progress
+			FROM pg_catalog.pg_stats s
+			WHERE s.schemaname OPERATOR(pg_catalog.=) 'idempotency'
+			  AND s.tablename OPERATOR(pg_catalog.=) 'keys'
+			  AND s.attname OPERATOR(pg_catalog.=) 'lease_expires_at';
+			oldest_lease_expires_at := NULL;
+		END IF;
+	END IF;
+	rows_total := GREATEST(rows_in_progress, estimate);
+END
 $$;
-COMMENT ON FUNCTION idempotency._stats_live() IS
+COMMENT ON FUNCTION idempotency._stats_figures() IS
 	'The live figures behind idempotency.stats, without a scan of the records';
 
--- Counters from shared memory, live figures from _stats_live.
--- claims_resumed (1.2) comes last: an update can only add a view's columns
--- at its end.
+-- Counters from shared memory, live figures from _stats_figures.
+-- claims_resumed (1.2) and live_figures_exact (1.6) come last: an update
+-- can only add a view's columns at its end.
 CREATE VIEW idempotency.stats AS
 SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
 	c.takeovers, c.waits, c.completes_stored, c.completes_released, c.releases,
 	c.fence_rejections, c.reaped, c.reaper_runs, c.last_reap_at, c.stats_reset_at,
 	c.last_reap_error, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at,
-	c.claims_resumed
-FROM idempotency._stats_counters() c, idempotency._stats_live() l;
+	c.claims_resumed, l.live_figures_exact
+FROM idempotency._stats_counters() c, idempotency._stats_figures() l;
 COMMENT ON VIEW idempotency.stats IS
 	'Counters of the API since start or stats_reset(), and live figures of the records';
 COMMENT ON COLUMN idempotency.stats.rows_total IS
 	'Estimate of the records: live rows from the cumulative statistics (pg_class.reltuples when they have none)';
 COMMENT ON COLUMN idempotency.stats.rows_in_progress IS
-	'Records in progress (exact)';
+	'Records in progress (exact when live_figures_exact, else an estimate)';
 COMMENT ON COLUMN idempotency.stats.oldest_lease_expires_at IS
-	'The earliest end of a lease of a record in progress (exact)';
+	'The earliest end of a lease of a record in progress (exact when live_figures_exact, else NULL)';
+COMMENT ON COLUMN idempotency.stats.live_figures_exact IS
+	'Whether rows_in_progress and oldest_lease_expires_at are exact: on a table of over 10,000 records, false until the reaper or stats_recount() counted them since the server started';
 
--- The records in progress, oldest first, for whoever monitors the server:
+-- The records in progress, oldest first, for whoever monitors the server
+-- (a scan of the table: no index of them makes complete's update non-HOT):
 -- which requests are stuck, since when, on which attempt.  writing: a
 -- transaction that is still running holds the record (an uncommitted
 -- complete, checkpoint, extend or takeover, or a row lock), told by the
@@ -337,8 +400,10 @@ REVOKE ALL ON idempotency.stats FROM PUBLIC;
 GRANT SELECT ON idempotency.stats TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._stats_counters() TO pg_monitor;
-REVOKE ALL ON FUNCTION idempotency._stats_live() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency._stats_live() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency._stats_figures() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency._stats_figures() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency._stats_gauges(pg_catalog.regclass) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.stats_recount() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency._in_flight() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._in_flight() TO pg_monitor;
 REVOKE ALL ON idempotency.in_flight FROM PUBLIC;
@@ -547,6 +612,11 @@ BEGIN
 
 	-- idempotency.keys, colocated with the business table; once.
 	IF keys_colocation IS NULL THEN
+		-- A node's shared memory knows only its own writes: on a cluster,
+		-- idempotency.stats counts the records in progress through this
+		-- index (_stats_figures), at the cost of complete's HOT update.
+		CREATE INDEX IF NOT EXISTS keys_in_progress_idx ON idempotency.keys (created_at)
+			WHERE state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state;
 		PERFORM create_distributed_table('idempotency.keys', 'scope',
 										 colocate_with => colocate_with::text);
 		-- The coordinator's own rows were copied into the shards: drop them,
