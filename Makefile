@@ -62,3 +62,8 @@ REGRESS := $(filter-out indexes_amcheck,$(REGRESS))
 endif
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# PGXS tracks no header dependencies (PostgreSQL's packages are built
+# without --enable-depend): every object depends on every header, so that a
+# changed struct never links with objects built against its old layout.
+$(OBJS): $(wildcard src/*.h)
