@@ -1,4 +1,4 @@
--- version: 1.5
+-- version: 1.6
 /* portable/idempotency.sql: the portable edition of idempotency, 1.5 (the C edition's 1.5 without Citus).
  *
  * The API of the C extension in SQL and PL/pgSQL, for servers that load no
@@ -1575,6 +1575,15 @@ $$;
 COMMENT ON FUNCTION idempotency.stats_reset() IS
 	'Zeroes the counters of idempotency.stats (none in the portable edition)';
 
+-- The C edition's stats_recount(): the figures here are always counted.
+CREATE FUNCTION idempotency.stats_recount()
+RETURNS boolean
+LANGUAGE sql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT true $$;
+COMMENT ON FUNCTION idempotency.stats_recount() IS
+	'Counts the records in progress again for idempotency.stats: nothing to do in the portable edition, whose figures are always exact';
+
 -- The C edition's columns in its order (claims_resumed, of 1.2, last).
 CREATE VIEW idempotency.stats AS
 SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
@@ -1606,6 +1615,7 @@ GRANT SELECT ON idempotency.stats TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._stats_counters() TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.stats_recount() FROM PUBLIC;
 
 -- 1.3: idempotency.stats reads no more than the records in progress, and
 -- idempotency.in_flight lists them for pg_monitor (as in the C edition).
@@ -1652,8 +1662,10 @@ SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
 	c.takeovers, c.waits, c.completes_stored, c.completes_released, c.releases,
 	c.fence_rejections, c.reaped, c.reaper_runs, c.last_reap_at, c.stats_reset_at,
 	c.last_reap_error, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at,
-	c.claims_resumed
+	c.claims_resumed, true AS live_figures_exact
 FROM idempotency._stats_counters() c, idempotency._stats_live() l;
+COMMENT ON COLUMN idempotency.stats.live_figures_exact IS
+	'Whether rows_in_progress and oldest_lease_expires_at are exact: always, read through keys_in_progress_idx';
 COMMENT ON COLUMN idempotency.stats.rows_total IS
 	'Estimate of the records: live rows from the cumulative statistics (pg_class.reltuples when they have none)';
 COMMENT ON COLUMN idempotency.stats.rows_in_progress IS
