@@ -22,7 +22,7 @@ BEGIN
 		INTO distributed;
 	END IF;
 	IF NOT distributed THEN
-		DROP INDEX idempotency.keys_in_progress_idx;
+		DROP INDEX IF EXISTS idempotency.keys_in_progress_idx;
 	END IF;
 END
 $$;
