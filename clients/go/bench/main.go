@@ -18,7 +18,10 @@
 // after 20 untimed, so that other load on the machine weighs on each alike;
 // it prints the median and 90th percentile, and the speed of each mode
 // against the recipe (the recipe's median over the mode's: above 1.0x, the
-// middleware is faster). Each server counts the ReadyForQuery messages its pool's
+// middleware is faster). The recipe's statements are pgx's default, prepared
+// once per connection; RECIPE_UNNAMED=on sends them unnamed, parsed and
+// planned on every call, as the middleware sends its own (so that it works
+// through a transaction pooler). Each server counts the ReadyForQuery messages its pool's
 // connections receive, one per round trip (a count of the bytes read, cheap
 // enough to stay on while timing); GET /stats reports the count.
 package main
@@ -242,6 +245,10 @@ func serve(mode string) {
 		log.Fatal(err)
 	}
 	counter.Dial(cfg)
+	if mode == "recipe" && os.Getenv("RECIPE_UNNAMED") == "on" {
+		// as the middleware sends its own: unnamed, parsed and planned on every call (a transaction pooler's way)
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)

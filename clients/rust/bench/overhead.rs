@@ -18,7 +18,10 @@
 //! kinds take turns, 100 timed requests at a time after 20 untimed, so that
 //! other load on the machine weighs on each alike; it prints the median and
 //! 90th percentile, and the speed of each mode against the recipe (the
-//! recipe's median over the mode's: above 1.0x, the layer is faster).
+//! recipe's median over the mode's: above 1.0x, the layer is faster). The
+//! recipe's statements are SQLx's default, prepared once per connection;
+//! RECIPE_UNNAMED=on sends them unnamed, parsed and planned on every call,
+//! as the layer sends its own (so that it works through a transaction pooler).
 //!
 //! Round trips are counted apart, before the timing: the servers are started
 //! once more behind a proxy on 127.0.0.1 that counts the ReadyForQuery
@@ -533,13 +536,17 @@ async fn pay_recipe(State(pool): State<PgPool>, method: Method, uri: Uri, header
     recipe(&pool, &scope, key, &request_hash, &body).await.unwrap_or_else(|err| answer(500, err.to_string()))
 }
 
+/// Whether the recipe's statements are prepared once per connection (SQLx's default): RECIPE_UNNAMED.
+static PREPARED: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("RECIPE_UNNAMED").as_deref() != Ok("on"));
+
 /// The recipe for one request: the stored answer, or the charge's, stored.
 async fn recipe(pool: &PgPool, scope: &str, key: &str, request_hash: &[u8], body: &[u8]) -> sqlx::Result<Response<Body>> {
     let mut tx = pool.begin().await?;
-    let claimed = sqlx::query(RECIPE_CLAIM).bind(scope).bind(key).bind(request_hash).execute(&mut *tx).await?;
+    let claimed = sqlx::query(RECIPE_CLAIM).persistent(*PREPARED).bind(scope).bind(key).bind(request_hash).execute(&mut *tx).await?;
     if claimed.rows_affected() == 0 {
         let (stored_hash, status, code, stored): (Vec<u8>, String, Option<i32>, Option<Vec<u8>>) =
-            sqlx::query_as(RECIPE_STORED).bind(scope).bind(key).fetch_one(&mut *tx).await?;
+            sqlx::query_as(RECIPE_STORED).persistent(*PREPARED).bind(scope).bind(key).fetch_one(&mut *tx).await?;
         tx.commit().await?;
         return Ok(match (code, stored) {
             _ if stored_hash != request_hash => answer(422, "key reused".into()),
@@ -553,7 +560,7 @@ async fn recipe(pool: &PgPool, scope: &str, key: &str, request_hash: &[u8], body
     }
     let (status, answer) = payment(&mut tx, body).await;
     if status < 500 {
-        sqlx::query(RECIPE_STORE).bind(scope).bind(key).bind(status as i32).bind(answer.as_bytes()).execute(&mut *tx).await?;
+        sqlx::query(RECIPE_STORE).persistent(*PREPARED).bind(scope).bind(key).bind(status as i32).bind(answer.as_bytes()).execute(&mut *tx).await?;
         tx.commit().await?;
     }
     Ok(json_answer(status, answer.into_bytes()))
