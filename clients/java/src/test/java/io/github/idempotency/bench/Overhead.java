@@ -7,6 +7,7 @@ import io.github.idempotency.servlet.IdempotencyFilter;
 import io.github.idempotency.servlet.IdempotencyOptions;
 import io.github.idempotency.servlet.JdbcRequestTransactions;
 import io.github.idempotency.servlet.PaymentServlet;
+import io.github.idempotency.servlet.RecipeFilter;
 import io.github.idempotency.servlet.RequestTransactions;
 import io.github.idempotency.servlet.TomcatServer;
 import jakarta.servlet.Filter;

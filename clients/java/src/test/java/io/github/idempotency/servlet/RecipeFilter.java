@@ -1,24 +1,13 @@
-package io.github.idempotency.bench;
+package io.github.idempotency.servlet;
 
-import io.github.idempotency.servlet.IdempotencyFilter;
 import jakarta.servlet.Filter;
 import jakarta.servlet.FilterChain;
-import jakarta.servlet.ReadListener;
 import jakarta.servlet.ServletException;
-import jakarta.servlet.ServletInputStream;
-import jakarta.servlet.ServletOutputStream;
 import jakarta.servlet.ServletRequest;
 import jakarta.servlet.ServletResponse;
-import jakarta.servlet.WriteListener;
 import jakarta.servlet.http.HttpServletRequest;
-import jakarta.servlet.http.HttpServletRequestWrapper;
 import jakarta.servlet.http.HttpServletResponse;
-import jakarta.servlet.http.HttpServletResponseWrapper;
-import java.io.ByteArrayInputStream;
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
-import java.io.OutputStreamWriter;
-import java.io.PrintWriter;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
@@ -32,17 +21,18 @@ import javax.sql.DataSource;
 
 /**
  * The hand-written recipe, with no idempotency library: what a careful team writes with JDBC and a
- * servlet filter before it reaches for one, the yardstick of {@link Overhead}. In one transaction,
- * INSERT ... ON CONFLICT DO NOTHING claims (scope, key) in a table of its own; when it inserted, the
- * handler's work (through the request's connection, as the filter gives it) and the UPDATE that stores
- * the response; when it did not (the key committed before, or a concurrent duplicate waited on the
- * unique index until it did), the SELECT of the stored response: replayed when the request hash is the
- * same, else 422. Scoped per caller (a hash of the credential). An error or a 5xx rolls the claim back
- * with the work, so that a retry runs again; so does a crash.
+ * servlet filter before it reaches for one, the yardstick of the bench's Overhead. It borrows only the
+ * filter's servlet plumbing: BodyRequest to read the body again, BufferedResponse to hold the answer.
+ * In one transaction, INSERT ... ON CONFLICT DO NOTHING claims (scope, key) in a table of its own; when
+ * it inserted, the handler's work (through the request's connection, as the filter gives it) and the
+ * UPDATE that stores the response; when it did not (the key committed before, or a concurrent duplicate
+ * waited on the unique index until it did), the SELECT of the stored response: replayed when the
+ * request hash is the same, else 422. Scoped per caller (a hash of the credential). An error or a 5xx
+ * rolls the claim back with the work, so that a retry runs again; so does a crash.
  */
-final class RecipeFilter implements Filter {
+public final class RecipeFilter implements Filter {
 	/** The recipe's table. */
-	static final String TABLE = "CREATE TABLE IF NOT EXISTS recipe_keys (scope text NOT NULL, key text NOT NULL,"
+	public static final String TABLE = "CREATE TABLE IF NOT EXISTS recipe_keys (scope text NOT NULL, key text NOT NULL,"
 			+ " request_hash bytea NOT NULL, status text NOT NULL DEFAULT 'started', response_code int,"
 			+ " response_body bytea, created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (scope, key))";
 	private static final String CLAIM = "INSERT INTO recipe_keys (scope, key, request_hash) VALUES (?, ?, ?)"
@@ -53,7 +43,7 @@ final class RecipeFilter implements Filter {
 			+ " response_body = ? WHERE scope = ? AND key = ?";
 	private final DataSource pool;
 
-	RecipeFilter(DataSource pool) {
+	public RecipeFilter(DataSource pool) {
 		this.pool = pool;
 	}
 
@@ -119,7 +109,7 @@ final class RecipeFilter implements Filter {
 			}
 			db.commit();
 		}
-		res.getOutputStream().write(answer);
+		buffered.send();
 	}
 
 	/** Answers a key that was there: its stored response, 422 for another request, 409 in progress. */
@@ -161,98 +151,6 @@ final class RecipeFilter implements Filter {
 			return digest.digest(b);
 		} catch (NoSuchAlgorithmException e) {
 			throw new IllegalStateException(e);
-		}
-	}
-
-	/** The request with its body, already read, to read again. */
-	private static final class BodyRequest extends HttpServletRequestWrapper {
-		private final byte[] body;
-
-		BodyRequest(HttpServletRequest req, byte[] body) {
-			super(req);
-			this.body = body;
-		}
-
-		@Override
-		public ServletInputStream getInputStream() {
-			ByteArrayInputStream in = new ByteArrayInputStream(body);
-			return new ServletInputStream() {
-				@Override
-				public int read() {
-					return in.read();
-				}
-
-				@Override
-				public int read(byte[] b, int off, int len) {
-					return in.read(b, off, len);
-				}
-
-				@Override
-				public boolean isFinished() {
-					return in.available() == 0;
-				}
-
-				@Override
-				public boolean isReady() {
-					return true;
-				}
-
-				@Override
-				public void setReadListener(ReadListener listener) {
-					throw new UnsupportedOperationException("blocking reads only");
-				}
-			};
-		}
-	}
-
-	/** The response, its body held back until the transaction has committed. */
-	private static final class BufferedResponse extends HttpServletResponseWrapper {
-		private final ByteArrayOutputStream bytes = new ByteArrayOutputStream();
-		private PrintWriter writer;
-
-		BufferedResponse(HttpServletResponse res) {
-			super(res);
-		}
-
-		@Override
-		public ServletOutputStream getOutputStream() {
-			return new ServletOutputStream() {
-				@Override
-				public void write(int b) {
-					bytes.write(b);
-				}
-
-				@Override
-				public boolean isReady() {
-					return true;
-				}
-
-				@Override
-				public void setWriteListener(WriteListener listener) {
-					throw new UnsupportedOperationException("blocking writes only");
-				}
-			};
-		}
-
-		@Override
-		public PrintWriter getWriter() {
-			if (writer == null) {
-				writer = new PrintWriter(new OutputStreamWriter(bytes, StandardCharsets.UTF_8));
-			}
-			return writer;
-		}
-
-		@Override
-		public void flushBuffer() {
-			// held back: nothing is sent before the commit
-		}
-
-		/** What the handler wrote. */
-		byte[] body() {
-			if (writer != null) {
-				writer.flush();
-			}
-			return bytes.toByteArray();
 		}
 	}
 }
