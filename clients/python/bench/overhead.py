@@ -134,8 +134,8 @@ def serve(mode, port):
     """Serves one app (flask-KIND or asgi-KIND, KIND plain or one of GUARDS)
     on 127.0.0.1:port until killed."""
     framework, kind = mode.split("-")
-    if kind == "one":  # the example app reads it when imported
-        os.environ["IDEMPOTENCY_ONE_TRANSACTION"] = "on"
+    # The example app reads it when imported: on for "one" only, whatever the caller's environment says.
+    os.environ["IDEMPOTENCY_ONE_TRANSACTION"] = "on" if kind == "one" else "off"
     if framework == "asgi":
         import uvicorn
         pool = AsyncConnectionPool(os.environ["DATABASE_URL"], min_size=2, max_size=10, open=False)
