@@ -2,7 +2,7 @@
 // One Express 5 app per variant, the same handler in each: one INSERT
 // through a node-postgres pool of 10, answering 201 {"charge": id}.
 //
-//   VARIANT=plain|ours-two|ours-one|ours-one-text|express-idempotency|node-idempotency
+//   VARIANT=plain|ours-two|ours-one|ours-one-text|express-idempotency|node-idempotency|hand-written
 //   DATABASE_URL=... REDIS_URL=redis://127.0.0.1:PORT PORT=... node app.js
 //
 // PGOPTIONS_EXTRA: startup options of the pool's connections (e.g.
@@ -10,6 +10,8 @@
 // OURS_PREPARE=off sends our claim and complete as plain text, as through
 // a transaction pooler (default: the prepare option, for a direct
 // connection); ours-one-text is ours-one so, beside it in the same run.
+// hand-written is no library: the recipe a careful team writes by hand
+// (clients/node/bench/recipe.js), on a table of its own it creates.
 
 const express = require('express');
 const { Pool } = require('pg');
@@ -66,6 +68,15 @@ async function makeApp() {
       const idem = new Idempotency(storage, { enforceIdempotency: true });
       app.post('/payments', express.json(), nodeIdempotency(idem, IdempotencyError, IdempotencyErrorCodes),
         (req, res) => charge(pool, req, res));
+      break;
+    }
+    case 'hand-written': {
+      const recipe = require('../../clients/node/bench/recipe');
+      await pool.query(recipe.TABLE);
+      app.post('/payments', express.json({ verify: recipe.keepRawBody }), recipe.handWritten(pool, async (db, req) => {
+        const { rows } = await db.query(INSERT, [req.body.amount]);
+        return { status: 201, body: Buffer.from(JSON.stringify({ charge: Number(rows[0].id) })) };
+      }));
       break;
     }
     default:

@@ -1,8 +1,11 @@
 'use strict';
 // Measures what the middleware costs per request: statements sent to the
 // database and latency (median, p99) of a fresh request and of a replay,
-// against the same route without it. One client, requests one after another
-// over a kept-alive connection; the server in its own process.
+// against the same route without it and under the hand-written recipe
+// (recipe.js), in both of the middleware's modes; prints the speed of each
+// mode against the recipe (the recipe's median latency over the mode's:
+// above 1.0x, the middleware is faster). One client, requests one after
+// another over a kept-alive connection; each server in its own process.
 //   DATABASE_URL=... node bench/overhead.js [requests per case, default 2000]
 // Run from a directory where pg-idempotency, express and pg resolve.
 
@@ -63,6 +66,10 @@ async function main() {
     { name: 'no middleware, a transaction', mode: 'transaction', key: null },
     { name: 'middleware: fresh key', mode: 'middleware', key: (i) => `${prefix}-fresh-${i}` },
     { name: 'middleware: replay', mode: 'middleware', key: () => `${prefix}-replay` },
+    { name: 'middleware, one transaction: fresh key', mode: 'middleware-one', key: (i) => `${prefix}-fresh1-${i}` },
+    { name: 'middleware, one transaction: replay', mode: 'middleware-one', key: () => `${prefix}-replay1` },
+    { name: 'hand-written recipe: fresh key', mode: 'recipe', key: (i) => `${prefix}-freshr-${i}` },
+    { name: 'hand-written recipe: replay', mode: 'recipe', key: () => `${prefix}-replayr` },
   ];
   for (const c of cases) Object.assign(c, await start(c.mode), { latencies: [] });
   for (let i = -200; i < N; i++) { // 200 warm-up rounds, not counted
@@ -77,10 +84,18 @@ async function main() {
   for (const c of cases) {
     const sorted = c.latencies.sort((a, b) => a - b);
     const perRequest = ((await statements(c.port)) - c.before) / N;
-    console.log(`| ${c.name} | ${percentile(sorted, 50).toFixed(3)} | ${percentile(sorted, 99).toFixed(3)} | ${perRequest} |`);
+    c.median = percentile(sorted, 50);
+    console.log(`| ${c.name} | ${c.median.toFixed(3)} | ${percentile(sorted, 99).toFixed(3)} | ${perRequest} |`);
     c.stop();
   }
   agent.destroy();
+  const median = (name) => cases.find((c) => c.name === name).median;
+  console.log('\nours ÷ hand-written (the recipe\'s median latency over ours; above 1.0x ours is faster)\n');
+  console.log('| mode | fresh keys | replays |\n| --- | --- | --- |');
+  for (const [mode, prefix] of [['two transactions', 'middleware'], ['one transaction', 'middleware, one transaction']]) {
+    const ratio = (work) => (median(`hand-written recipe: ${work}`) / median(`${prefix}: ${work}`)).toFixed(2);
+    console.log(`| ${mode} | ${ratio('fresh key')}x | ${ratio('replay')}x |`);
+  }
 }
 
 main().catch((err) => { console.error(err); process.exit(1); });

@@ -1,6 +1,8 @@
 'use strict';
-// The retried-payment route under one of three set-ups, for bench/overhead.js:
+// The retried-payment route under one of five set-ups, for bench/overhead.js:
 //   middleware   pg-idempotency's middleware (req.db is its transaction)
+//   middleware-one  the same in one-transaction mode
+//   recipe       the hand-written recipe, no idempotency library (recipe.js)
 //   transaction  no idempotency; a transaction per request (BEGIN ... COMMIT), as the middleware gives
 //   plain        no idempotency, no transaction: the insert alone
 // Counts the statements sent to the database (GET /stats).
@@ -8,6 +10,7 @@
 const express = require('express');
 const { Pool } = require('pg');
 const { idempotency } = require('pg-idempotency');
+const recipe = require('./recipe');
 
 const mode = process.argv[2];
 const pool = new Pool({ connectionString: process.env.DATABASE_URL, max: 4 });
@@ -36,15 +39,27 @@ function transaction(req, res, next) {
 
 const app = express();
 app.get('/stats', (req, res) => res.json({ statements }));
-if (mode === 'middleware') app.use(idempotency(pool));
-else if (mode === 'transaction') app.use(transaction);
-else app.use(express.json(), (req, res, next) => { req.db = pool; next(); });
-app.post('/payments', async (req, res) => {
-  const { rows } = await req.db.query('INSERT INTO bench_charges (amount) VALUES ($1) RETURNING id', [req.body.amount]);
-  res.status(201).json({ charge: Number(rows[0].id) });
-});
+// Inserts the request's charge through db; resolves to the 201 answer.
+async function charge(db, req) {
+  const { rows } = await db.query('INSERT INTO bench_charges (amount) VALUES ($1) RETURNING id', [req.body.amount]);
+  return { status: 201, body: Buffer.from(JSON.stringify({ charge: Number(rows[0].id) })) };
+}
+
+if (mode === 'recipe') {
+  app.post('/payments', express.json({ verify: recipe.keepRawBody }), recipe.handWritten(pool, charge));
+} else {
+  if (mode === 'middleware') app.use(idempotency(pool));
+  else if (mode === 'middleware-one') app.use(idempotency(pool, { oneTransaction: true }));
+  else if (mode === 'transaction') app.use(transaction);
+  else app.use(express.json(), (req, res, next) => { req.db = pool; next(); });
+  app.post('/payments', async (req, res) => {
+    const { status, body } = await charge(req.db, req);
+    res.status(status).type('json').send(body);
+  });
+}
 
 pool.query('CREATE TABLE IF NOT EXISTS bench_charges (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount numeric NOT NULL)')
+  .then(() => pool.query(recipe.TABLE))
   .then(() => {
     const server = app.listen(0, '127.0.0.1', () => process.send(server.address().port));
   });

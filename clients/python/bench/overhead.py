@@ -1,5 +1,6 @@
 """What the Flask and ASGI middlewares cost per request: database round
-trips and latency, fresh and replayed, against the same route without them.
+trips and latency, fresh and replayed, against the same route without them
+and under the hand-written recipe (recipe.py), in both of their modes.
 
     DATABASE_URL=... clients/python/bench/overhead [REQUESTS] [flask|asgi]...
 
@@ -12,14 +13,18 @@ pooled connection per request, committed after the view), each by werkzeug
 in a process of its own on 127.0.0.1. ASGI: a FastAPI payment route behind
 IdempotencyMiddleware, and the same route without it (a pooled connection
 per request, committed when the route returns), each by uvicorn in a
-process of its own. One client sends REQUESTS (default 2000) sequential
-requests of each kind (plain; guarded fresh; guarded replayed) of each
-framework named (default both) and prints the median and 90th percentile.
-The kinds take turns, 100 requests at a time after 20 untimed, so that
-other load on the machine weighs on each alike. Round trips are counted
-apart, in process, from the libpq trace of a one-connection pool (the trace
-slows requests, so it is off while timing). IDEMPOTENCY_ONE_TRANSACTION=on
-measures the one-transaction mode (the example app reads it too).
+process of its own. Each framework's route also runs behind the middleware
+in its one-transaction mode ("one": IDEMPOTENCY_ONE_TRANSACTION=on, which
+the example app reads too) and under the hand-written recipe ("recipe").
+One client sends REQUESTS (default 2000) sequential requests of each kind
+(plain; fresh and replayed behind each mode and under the recipe) of each
+framework named (default both) and prints the median and 90th percentile,
+and the speed of each mode against the recipe (the recipe's median over
+the mode's: above 1.0x, the middleware is faster). The kinds take turns,
+100 requests at a time after 20 untimed, so that other load on the machine
+weighs on each alike. Round trips are counted apart, in process, from the
+libpq trace of a one-connection pool (the trace slows requests, so it is
+off while timing).
 """
 
 import asyncio
@@ -44,8 +49,11 @@ from flask import Flask, g  # noqa: E402
 from psycopg.rows import namedtuple_row  # noqa: E402
 from psycopg_pool import AsyncConnectionPool, ConnectionPool  # noqa: E402
 
+import recipe  # noqa: E402  (beside this file)
+
 BODY = json.dumps({"amount": 10}).encode()
-ONE_TRANSACTION = os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on"
+# The server kinds: what stands before the route.
+GUARDS = {"guarded": "two transactions", "one": "one transaction", "recipe": "hand-written recipe"}
 WARMUP = 20     # requests before each batch that are not timed
 BATCH = 100
 
@@ -77,16 +85,28 @@ def plain_app(pool):
     return plain
 
 
-def asgi_app(pool, guarded):
+def recipe_app(pool):
+    """The example's payment view under the hand-written recipe."""
+    import app as example
+    app = Flask("recipe")
+    app.add_url_rule("/payments", view_func=recipe.flask_view(pool, example.create_payment), methods=["POST"])
+    app.add_url_rule("/", view_func=example.health)
+    return app
+
+
+def asgi_app(pool, guard):
     """A FastAPI payment route like the example's view: behind the ASGI
-    middleware (guarded), or on a pooled connection committed when it returns."""
+    middleware (guard "guarded" or "one": its one-transaction mode), under
+    the hand-written recipe ("recipe"), or on a pooled connection committed
+    when it returns ("plain")."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from pg_idempotency.asgi import IdempotencyMiddleware
 
     app = FastAPI()
+    guarded = guard in ("guarded", "one")
     if guarded:
-        app.add_middleware(IdempotencyMiddleware, pool=pool, one_transaction=ONE_TRANSACTION)
+        app.add_middleware(IdempotencyMiddleware, pool=pool, one_transaction=guard == "one")
 
     async def charge(db, request):
         """Inserts the charge; returns the 201 answer."""
@@ -94,13 +114,14 @@ def asgi_app(pool, guarded):
         cur = await db.execute("INSERT INTO charges (amount) VALUES (%s) RETURNING id", (amount,))
         return JSONResponse({"charge": (await cur.fetchone())[0]}, status_code=201)
 
-    @app.post("/payments")
     async def pay(request: Request):
         """Charges in the middleware's transaction, or in one of its own."""
         if guarded:
             return await charge(request.state.db, request)
         async with pool.connection() as conn:  # BEGIN ... COMMIT on leaving
             return await charge(conn, request)
+    app.add_api_route("/payments", recipe.asgi_route(pool, charge) if guard == "recipe" else pay,
+                      methods=["POST"])
 
     @app.get("/")
     async def health():
@@ -110,13 +131,15 @@ def asgi_app(pool, guarded):
 
 
 def serve(mode, port):
-    """Serves one app (flask-guarded, flask-plain, asgi-guarded, asgi-plain)
+    """Serves one app (flask-KIND or asgi-KIND, KIND plain or one of GUARDS)
     on 127.0.0.1:port until killed."""
     framework, kind = mode.split("-")
+    # The example app reads it when imported: on for "one" only, whatever the caller's environment says.
+    os.environ["IDEMPOTENCY_ONE_TRANSACTION"] = "on" if kind == "one" else "off"
     if framework == "asgi":
         import uvicorn
         pool = AsyncConnectionPool(os.environ["DATABASE_URL"], min_size=2, max_size=10, open=False)
-        app = asgi_app(pool, kind == "guarded")
+        app = asgi_app(pool, kind)
 
         @contextlib.asynccontextmanager
         async def lifespan(_app):
@@ -131,7 +154,7 @@ def serve(mode, port):
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     import app as example
     example.pool.open(wait=True)
-    app = example.app if kind == "guarded" else plain_app(example.pool)
+    app = {"plain": plain_app, "recipe": recipe_app}.get(kind, lambda _pool: example.app)(example.pool)
     make_server("127.0.0.1", port, app, threaded=True).serve_forever()
 
 
@@ -153,12 +176,12 @@ def start(mode):
 
 
 def timings(port, count, keys):
-    """Sends count payments with keys from keys(); returns the latencies in µs."""
+    """Sends count payments with keys from keys() (None: no key); returns the latencies in µs."""
     conn = http.client.HTTPConnection("127.0.0.1", port)
     latencies = []
     for i in range(count + WARMUP):
         headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
-        key = keys()
+        key = keys() if keys else None
         if key:
             headers["Idempotency-Key"] = key
         began = time.perf_counter()
@@ -190,29 +213,38 @@ def round_trips(pool, send, count=50):
 
 
 def count_round_trips():
-    """Round trips of a fresh and a replayed request, guarded, and of a plain one, Flask and ASGI."""
+    """Round trips of a plain request, and of a fresh and a replayed one behind
+    each mode and under the recipe, Flask and ASGI."""
     import app as example
+    from pg_idempotency.flask import Idempotency
     url = os.environ["DATABASE_URL"]
     headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
     counts = {}
     with ConnectionPool(url, min_size=1, max_size=1, kwargs={"row_factory": namedtuple_row}) as pool:
-        guarded = Flask("guarded")
-        guarded.add_url_rule("/payments", view_func=example.create_payment, methods=["POST"])
-        from pg_idempotency.flask import Idempotency
-        Idempotency(guarded, pool=pool, one_transaction=ONE_TRANSACTION)
-        client = guarded.test_client()
-        counts["flask fresh"] = round_trips(pool, lambda: client.post(
-            "/payments", data=BODY, headers={**headers, "Idempotency-Key": uuid.uuid4().hex}))
-        counts["flask replay"] = round_trips(pool, lambda: client.post(
-            "/payments", data=BODY, headers={**headers, "Idempotency-Key": "replayed"}))
-        plain = plain_app(pool).test_client()
-        counts["flask plain"] = round_trips(pool, lambda: plain.post("/payments", data=BODY, headers=headers))
+        apps = {"plain": plain_app(pool), "recipe": recipe_app(pool)}
+        for guard in ("guarded", "one"):
+            apps[guard] = Flask(guard)
+            apps[guard].add_url_rule("/payments", view_func=example.create_payment, methods=["POST"])
+            Idempotency(apps[guard], pool=pool, one_transaction=guard == "one")
+        for guard, app in apps.items():
+            client = app.test_client()
+            for work, key in kinds_of(guard, "traced"):
+                counts[f"flask {work}"] = round_trips(pool, lambda key=key: client.post(
+                    "/payments", data=BODY, headers={**headers, **({"Idempotency-Key": key()} if key else {})}))
     counts.update(asyncio.run(asgi_round_trips(url, headers)))
     return counts
 
 
+def kinds_of(guard, run):
+    """The kinds of request (their names, their key makers) of a server
+    with guard (plain or one of GUARDS); replayed keys are of run only."""
+    if guard == "plain":
+        return [("plain", None)]
+    return [(f"{guard} fresh", lambda: uuid.uuid4().hex), (f"{guard} replay", lambda: f"{run}-{guard}")]
+
+
 async def asgi_round_trips(url, headers):
-    """Round trips of the ASGI route, plain and behind the middleware (fresh and replayed)."""
+    """Round trips of the ASGI route: plain, behind each mode and under the recipe."""
     import httpx
 
     async with AsyncConnectionPool(url, min_size=1, max_size=1) as pool:
@@ -237,14 +269,16 @@ async def asgi_round_trips(url, headers):
                         conn.pgconn.untrace()
                     trace.seek(0)
                     return sum("\tReadyForQuery\t" in line for line in trace) / 50
-        guarded = asgi_app(pool, True)
-        return {"asgi plain": await count(asgi_app(pool, False), None),
-                "asgi fresh": await count(guarded, lambda: uuid.uuid4().hex),
-                "asgi replay": await count(guarded, lambda: "replayed")}
+        counts = {}
+        for guard in ("plain", *GUARDS):
+            app = asgi_app(pool, guard)
+            for work, key in kinds_of(guard, "traced"):
+                counts[f"asgi {work}"] = await count(app, key)
+        return counts
 
 
 def main():
-    """Measures and prints the table."""
+    """Measures and prints the tables."""
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     frameworks = sys.argv[2:] or ["flask", "asgi"]
     import psycopg
@@ -253,17 +287,17 @@ def main():
                             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                             amount numeric NOT NULL,
                             created_at timestamptz NOT NULL DEFAULT now())""")
+        conn.execute(recipe.TABLE)
     trips = count_round_trips()
     servers, kinds = [], {}
     run = uuid.uuid4().hex  # replayed keys of this run only
     try:
         for framework in frameworks:
-            plain, plain_port = start(f"{framework}-plain")
-            guarded, guarded_port = start(f"{framework}-guarded")
-            servers += [plain, guarded]
-            kinds[f"{framework} plain"] = (plain_port, lambda: None)
-            kinds[f"{framework} fresh"] = (guarded_port, lambda: uuid.uuid4().hex)
-            kinds[f"{framework} replay"] = (guarded_port, lambda framework=framework: f"{run}-{framework}")
+            for guard in ("plain", *GUARDS):
+                process, port = start(f"{framework}-{guard}")
+                servers.append(process)
+                for work, keys in kinds_of(guard, f"{run}-{framework}"):
+                    kinds[f"{framework} {work}"] = (port, keys)
         results = {kind: [] for kind in kinds}
         # Rounds of 100 of each kind in turn, so that the load of the machine
         # weighs on every kind alike.
@@ -274,13 +308,21 @@ def main():
         for process in servers:
             process.kill()
             process.wait()
-    mode = "one transaction" if ONE_TRANSACTION else "two transactions"
-    print(f"{count // BATCH * BATCH} sequential requests of each kind ({mode}), latency in µs:")
-    print(f"{'request':<14}{'median':>8}{'p90':>8}{'round trips':>13}")
+    print(f"{count // BATCH * BATCH} sequential requests of each kind, latency in µs"
+          " (guarded: two transactions; one: one transaction; recipe: hand-written):")
+    print(f"{'request':<20}{'median':>8}{'p90':>8}{'round trips':>13}")
+    medians = {}
     for kind, lat in results.items():
-        median = statistics.median(lat)
+        medians[kind] = statistics.median(lat)
         p90 = statistics.quantiles(lat, n=10)[-1]
-        print(f"{kind:<14}{median:8.0f}{p90:8.0f}{trips[kind]:13.1f}")
+        print(f"{kind:<20}{medians[kind]:8.0f}{p90:8.0f}{trips[kind]:13.1f}")
+    print("\nours ÷ hand-written (the recipe's median over ours; above 1.0x ours is faster):")
+    print(f"{'mode':<24}{'fresh':>8}{'replay':>8}")
+    for framework in frameworks:
+        for guard in ("guarded", "one"):
+            ratios = [medians[f"{framework} recipe {work}"] / medians[f"{framework} {guard} {work}"]
+                      for work in ("fresh", "replay")]
+            print(f"{framework + ', ' + GUARDS[guard]:<24}" + "".join(f"{r:7.2f}x" for r in ratios))
 
 
 if __name__ == "__main__":

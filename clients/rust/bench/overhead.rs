@@ -1,21 +1,27 @@
 //! What the layer costs per request: database round trips and latency of a
-//! fresh request and of a replay, against the same route without the layer.
+//! fresh request and of a replay, against the same route without the layer
+//! and under the hand-written recipe, in both of the layer's modes.
 //! Not a test (`cargo test` does not build it); run it with
 //!
 //!     DATABASE_URL=... clients/rust/bench/overhead [REQUESTS]
 //!
 //! The payment route (insert a charge, answer 201 `{"charge": id}`) is
-//! served twice by axum, each in a process of its own on 127.0.0.1:
-//! "guarded", behind `IdempotencyLayer`, writing through its `Tx`; and
+//! served four times by axum, each in a process of its own on 127.0.0.1:
+//! "guarded", behind `IdempotencyLayer`, writing through its `Tx`; "one",
+//! the same in the layer's one-transaction mode; "recipe", under the
+//! hand-written recipe (`recipe` below: no idempotency library); and
 //! "plain", in a transaction of its own per request (`pool.begin()`,
-//! insert, `commit()`) on the same kind of `PgPool` (SQLx's defaults, 10
-//! connections). One client sends REQUESTS
-//! (default 2000) sequential requests of each kind (plain; guarded with a
-//! fresh key; guarded with a replayed key) over one kept-alive connection
-//! per server. The kinds take turns, 100 timed requests at a time after 20
-//! untimed, so that other load on the machine weighs on each alike; it
-//! prints the median and 90th percentile. IDEMPOTENCY_ONE_TRANSACTION=on
-//! measures the layer's one-transaction mode.
+//! insert, `commit()`), each on the same kind of `PgPool` (SQLx's
+//! defaults, 10 connections). One client sends REQUESTS (default 2000)
+//! sequential requests of each kind (plain; a fresh key and a replayed key
+//! to each of the others) over one kept-alive connection per server. The
+//! kinds take turns, 100 timed requests at a time after 20 untimed, so that
+//! other load on the machine weighs on each alike; it prints the median and
+//! 90th percentile, and the speed of each mode against the recipe (the
+//! recipe's median over the mode's: above 1.0x, the layer is faster). The
+//! recipe's statements are SQLx's default, prepared once per connection;
+//! RECIPE_UNNAMED=on sends them unnamed, parsed and planned on every call,
+//! as the layer sends its own (so that it works through a transaction pooler).
 //!
 //! Round trips are counted apart, before the timing: the servers are started
 //! once more behind a proxy on 127.0.0.1 that counts the ReadyForQuery
@@ -37,11 +43,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::http::Response;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Response, Uri};
 use axum::routing::post;
 use axum::serve::ListenerExt;
 use pg_idempotency::{IdempotencyLayer, Tx};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -66,37 +74,51 @@ fn main() {
     };
     let trips = count_round_trips();
     let latencies = time(requests / BATCH);
-    println!("{} sequential requests of each kind, latency in µs:", requests / BATCH * BATCH);
-    println!("{:<10}{:>8}{:>8}{:>13}{:>8}", "request", "median", "p90", "round trips", "closes");
+    println!(
+        "{} sequential requests of each kind, latency in µs \
+         (guarded: two transactions; one: one transaction; recipe: hand-written):",
+        requests / BATCH * BATCH
+    );
+    println!("{:<15}{:>8}{:>8}{:>13}{:>8}", "request", "median", "p90", "round trips", "closes");
+    let mut medians = Vec::new();
     for ((name, mut latencies), (trips, closes)) in KINDS.iter().zip(latencies).zip(trips) {
         latencies.sort();
+        medians.push(micros(quantile(&latencies, 0.5)));
         println!(
-            "{:<10}{:>8.0}{:>8.0}{:>13.1}{:>8.1}",
+            "{:<15}{:>8.0}{:>8.0}{:>13.1}{:>8.1}",
             name,
-            micros(quantile(&latencies, 0.5)),
+            medians[medians.len() - 1],
             micros(quantile(&latencies, 0.9)),
             trips,
             closes
         );
     }
-}
-
-/// The kinds of request, in the order they take turns.
-const KINDS: [&str; 3] = ["plain", "fresh", "replay"];
-
-/// The server and the Idempotency-Key of request `i` of kind `kind` (an index of KINDS).
-fn request_of(kind: usize, i: usize, run: u128, servers: &mut [BenchServer; 2]) -> (&mut BenchServer, Option<String>) {
-    let [plain, guarded] = servers;
-    match kind {
-        0 => (plain, None),
-        1 => (guarded, Some(format!("fresh-{}-{}", run, i))),
-        _ => (guarded, Some(format!("replay-{}", run))),
+    println!("\nours ÷ hand-written (the recipe's median over ours; above 1.0x ours is faster):");
+    println!("{:<18}{:>8}{:>8}", "mode", "fresh", "replay");
+    for (mode, first) in [("two transactions", 1), ("one transaction", 3)] {
+        println!("{:<18}{:>7.2}x{:>7.2}x", mode, medians[5] / medians[first], medians[6] / medians[first + 1]);
     }
 }
 
-/// Starts the plain and the guarded server (through the proxy on `proxy`, if any).
-fn start_servers(proxy: Option<u16>) -> [BenchServer; 2] {
-    [BenchServer::start("plain", proxy), BenchServer::start("guarded", proxy)]
+/// The kinds of request, in the order they take turns.
+const KINDS: [&str; 7] = ["plain", "fresh", "replay", "one fresh", "one replay", "recipe fresh", "recipe replay"];
+
+/// The servers' modes: kind 0 goes to the first, kinds 1 and 2 to the second, and so on.
+const MODES: [&str; 4] = ["plain", "guarded", "one", "recipe"];
+
+/// The server and the Idempotency-Key of request `i` of kind `kind` (an index of KINDS).
+fn request_of(kind: usize, i: usize, run: u128, servers: &mut [BenchServer]) -> (&mut BenchServer, Option<String>) {
+    let server = &mut servers[kind.div_ceil(2)];
+    match kind {
+        0 => (server, None),
+        _ if kind % 2 == 1 => (server, Some(format!("fresh-{}-{}", run, i))),
+        _ => (server, Some(format!("replay-{}-{}", kind, run))),
+    }
+}
+
+/// Starts a server of each mode (through the proxy on `proxy`, if any).
+fn start_servers(proxy: Option<u16>) -> Vec<BenchServer> {
+    MODES.iter().map(|mode| BenchServer::start(mode, proxy)).collect()
 }
 
 /// An id of this run, for keys that no other run uses.
@@ -370,7 +392,7 @@ impl Frames {
     }
 }
 
-/// Serves the payment route of `mode` (guarded or plain) on 127.0.0.1,
+/// Serves the payment route of `mode` (one of MODES) on 127.0.0.1,
 /// prints its address, and exits when its standard input closes.
 fn serve(mode: &str) {
     std::thread::spawn(|| {
@@ -388,11 +410,13 @@ fn serve(mode: &str) {
         )
         .execute(&pool)
         .await?;
-        let app = if mode == "guarded" {
-            let one_transaction = std::env::var("IDEMPOTENCY_ONE_TRANSACTION").as_deref() == Ok("on");
-            Router::new().route("/payments", post(pay_guarded)).layer(IdempotencyLayer::new(pool).one_transaction(one_transaction))
-        } else {
-            Router::new().route("/payments", post(pay_plain)).with_state(pool)
+        sqlx::raw_sql(RECIPE_TABLE).execute(&pool).await?;
+        let app = match mode {
+            "guarded" | "one" => Router::new()
+                .route("/payments", post(pay_guarded))
+                .layer(IdempotencyLayer::new(pool).one_transaction(mode == "one")),
+            "recipe" => Router::new().route("/payments", post(pay_recipe)).with_state(pool),
+            _ => Router::new().route("/payments", post(pay_plain)).with_state(pool),
         };
         listen(app).await
     });
@@ -454,19 +478,92 @@ async fn pay_plain(axum::extract::State(pool): axum::extract::State<PgPool>, bod
 
 /// Inserts the charge of `body` through `db`; answers 201 `{"charge": id}`.
 async fn charge(db: &mut PgConnection, body: &[u8]) -> Response<Body> {
+    let (status, body) = payment(db, body).await;
+    json_answer(status, body.into_bytes())
+}
+
+/// Inserts the charge of `body` through `db`; returns the answer's status and body.
+async fn payment(db: &mut PgConnection, body: &[u8]) -> (u16, String) {
     let amount = match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(payment) if payment["amount"].as_f64().is_some_and(|amount| amount > 0.0) => payment["amount"].to_string(),
-        _ => return answer(400, "amount must be a positive number".into()),
+        _ => return (400, "amount must be a positive number".into()),
     };
     let sql = "INSERT INTO charges (amount) VALUES ($1::text::numeric) RETURNING id";
     match sqlx::query_scalar::<_, i64>(sql).bind(amount).fetch_one(db).await {
-        Ok(id) => {
-            let mut response = answer(201, format!("{{\"charge\":{id}}}"));
-            response.headers_mut().insert("content-type", "application/json".parse().expect("a header value"));
-            response
-        }
-        Err(err) => answer(500, err.to_string()),
+        Ok(id) => (201, format!("{{\"charge\":{id}}}")),
+        Err(err) => (500, err.to_string()),
     }
+}
+
+/// A response of `status` with a JSON `body`.
+fn json_answer(status: u16, body: Vec<u8>) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .expect("a valid response")
+}
+
+// The hand-written recipe, with no idempotency library: what a careful team
+// writes with SQLx before it reaches for one. In one transaction, INSERT ...
+// ON CONFLICT DO NOTHING claims (scope, key) in a table of its own; when it
+// inserted, the route's work and the UPDATE that stores the response; when
+// it did not (the key committed before, or a concurrent duplicate waited on
+// the unique index until it did), the SELECT of the stored response:
+// replayed when the request hash is the same, else 422. Scoped per caller (a
+// hash of the credential). An error or a 5xx rolls the claim back with the
+// work (the transaction rolls back when dropped), so that a retry runs
+// again; so does a crash.
+const RECIPE_TABLE: &str = "CREATE TABLE IF NOT EXISTS recipe_keys (
+    scope text NOT NULL, key text NOT NULL, request_hash bytea NOT NULL,
+    status text NOT NULL DEFAULT 'started', response_code int, response_body bytea,
+    created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (scope, key))";
+const RECIPE_CLAIM: &str = "INSERT INTO recipe_keys (scope, key, request_hash) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+const RECIPE_STORED: &str =
+    "SELECT request_hash, status, response_code, response_body FROM recipe_keys WHERE scope = $1 AND key = $2";
+const RECIPE_STORE: &str =
+    "UPDATE recipe_keys SET status = 'completed', response_code = $3, response_body = $4 WHERE scope = $1 AND key = $2";
+
+/// The recipe's route: charges under the recipe.
+async fn pay_recipe(State(pool): State<PgPool>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response<Body> {
+    let key = match headers.get("idempotency-key").and_then(|value| value.to_str().ok()) {
+        Some(key) if !key.is_empty() && key.len() <= 255 => key,
+        _ => return answer(400, "Idempotency-Key required".into()),
+    };
+    let credential = headers.get("authorization").map(|value| value.as_bytes()).unwrap_or_default();
+    let scope = hex::encode(Sha256::digest(credential));
+    let request_hash = Sha256::new().chain_update(format!("{} {}\n", method, uri.path())).chain_update(&body).finalize().to_vec();
+    recipe(&pool, &scope, key, &request_hash, &body).await.unwrap_or_else(|err| answer(500, err.to_string()))
+}
+
+/// Whether the recipe's statements are prepared once per connection (SQLx's default): RECIPE_UNNAMED.
+static PREPARED: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("RECIPE_UNNAMED").as_deref() != Ok("on"));
+
+/// The recipe for one request: the stored answer, or the charge's, stored.
+async fn recipe(pool: &PgPool, scope: &str, key: &str, request_hash: &[u8], body: &[u8]) -> sqlx::Result<Response<Body>> {
+    let mut tx = pool.begin().await?;
+    let claimed = sqlx::query(RECIPE_CLAIM).persistent(*PREPARED).bind(scope).bind(key).bind(request_hash).execute(&mut *tx).await?;
+    if claimed.rows_affected() == 0 {
+        let (stored_hash, status, code, stored): (Vec<u8>, String, Option<i32>, Option<Vec<u8>>) =
+            sqlx::query_as(RECIPE_STORED).persistent(*PREPARED).bind(scope).bind(key).fetch_one(&mut *tx).await?;
+        tx.commit().await?;
+        return Ok(match (code, stored) {
+            _ if stored_hash != request_hash => answer(422, "key reused".into()),
+            (Some(code), Some(stored)) if status == "completed" => {
+                let mut response = json_answer(code as u16, stored);
+                response.headers_mut().insert("idempotent-replayed", "true".parse().expect("a header value"));
+                response
+            }
+            _ => answer(409, "in progress".into()),
+        });
+    }
+    let (status, answer) = payment(&mut tx, body).await;
+    if status < 500 {
+        sqlx::query(RECIPE_STORE).persistent(*PREPARED).bind(scope).bind(key).bind(status as i32).bind(answer.as_bytes()).execute(&mut *tx).await?;
+        tx.commit().await?;
+    }
+    Ok(json_answer(status, answer.into_bytes()))
 }
 
 /// A response of `status` with `body`.
