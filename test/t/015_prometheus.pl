@@ -113,6 +113,24 @@ FROM idempotency.stats}),
 	't|1',
 	"the exporter's figure is the library's, counted from shared memory");
 is($type{idempotency_leases_ended_unclaimed}, 'gauge', 'idempotency_leases_ended_unclaimed is a gauge');
+
+# A scrape scans nothing of the table, whatever its size (before 1.6's
+# _leases_ended the query counted in_flight, a scan of the table): the
+# queries file's query, run as the exporter's role, starts no scan of the
+# table or of its indexes in its transaction.
+my ($query) = slurp_file($queries) =~ /^  query: \|\n((?:    .*\n)+)/m;
+ok(defined $query, "the queries file's query is read");
+my @scan_lines = split /\n/, $node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SET LOCAL ROLE idem_exporter;
+$query;
+RESET ROLE;
+SELECT sum(pg_stat_get_xact_numscans(r.oid))
+FROM (SELECT 'idempotency.keys'::regclass::oid AS oid
+	  UNION ALL SELECT indexrelid FROM pg_index WHERE indrelid = 'idempotency.keys'::regclass) r;
+COMMIT;});
+is($scan_lines[-1], '0', 'the scrape scans neither the table nor its indexes');
 my %expected;
 @expected{
 	qw(claims_new_total claims_replay_total claims_mismatch_total claims_in_progress_total
