@@ -1656,6 +1656,46 @@ $$;
 COMMENT ON FUNCTION idempotency._stats_live() IS
 	'The live figures behind idempotency.stats, without a scan of the records';
 
+-- The C edition's _leases_ended (1.6), for alerting on stuck requests
+-- (contrib/prometheus/queries.yaml): the records in progress whose lease
+-- ended between newer_than and older_than ago (both included), counted
+-- through keys_in_progress_idx, so always exact.
+CREATE FUNCTION idempotency._leases_ended(older_than interval, newer_than interval)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+SET enable_seqscan TO off
+AS $$
+DECLARE
+	ended_from timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) newer_than;
+	ended_to timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) older_than;
+	ended bigint;
+BEGIN
+	IF older_than IS NULL OR newer_than IS NULL THEN
+		RAISE EXCEPTION 'argument "%" must not be null', CASE WHEN older_than IS NULL
+			THEN 'older_than' ELSE 'newer_than' END
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF older_than OPERATOR(pg_catalog.<) '0'::interval THEN
+		RAISE EXCEPTION 'argument "older_than" must not be negative'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF newer_than OPERATOR(pg_catalog.<) older_than THEN
+		RAISE EXCEPTION 'argument "newer_than" must not be shorter than argument "older_than"'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'The window runs from newer_than ago to older_than ago, e.g. older_than => ''1 minute'', newer_than => ''15 minutes''.';
+	END IF;
+	SELECT pg_catalog.count(*) INTO ended
+	FROM ONLY idempotency.keys k
+	WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state
+	  AND k.lease_expires_at OPERATOR(pg_catalog.>=) ended_from
+	  AND k.lease_expires_at OPERATOR(pg_catalog.<=) ended_to;
+	RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION idempotency._leases_ended(interval, interval) IS
+	'The records in progress whose lease ended between newer_than and older_than ago, read through keys_in_progress_idx';
+
 -- The view above, its live figures from _stats_live.
 CREATE OR REPLACE VIEW idempotency.stats AS
 SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
@@ -1706,6 +1746,8 @@ COMMENT ON VIEW idempotency.in_flight IS
 	'The records in progress, oldest first, and whether a transaction is writing each now';
 REVOKE ALL ON FUNCTION idempotency._stats_live() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._stats_live() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency._leases_ended(interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency._leases_ended(interval, interval) TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._in_flight() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._in_flight() TO pg_monitor;
 REVOKE ALL ON idempotency.in_flight FROM PUBLIC;

@@ -262,6 +262,26 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idempotency.stats_recount() IS
 	'Counts the records in progress again for idempotency.stats (one scan of the table); returns whether the figures are exact now';
 
+-- Whether Citus distributes idempotency.keys (where Citus is installed).
+CREATE FUNCTION idempotency._keys_distributed()
+RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+	distributed boolean := false;
+BEGIN
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p'
+			' WHERE p.logicalrelid OPERATOR(pg_catalog.=) ''idempotency.keys''::pg_catalog.regclass)'
+		INTO distributed;
+	END IF;
+	RETURN distributed;
+END
+$$;
+COMMENT ON FUNCTION idempotency._keys_distributed() IS
+	'internal: whether Citus distributes idempotency.keys';
+
 -- The live figures of idempotency.stats, at a cost that does not grow with
 -- the table.  rows_in_progress and oldest_lease_expires_at come from the
 -- library's shared memory (_stats_gauges), exact once counted since start.
@@ -289,7 +309,6 @@ AS $$
 DECLARE
 	small_table constant bigint := 10000;
 	estimate bigint;
-	distributed boolean := false;
 	scanned bigint;
 BEGIN
 	SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
@@ -298,12 +317,7 @@ BEGIN
 	INTO estimate
 	FROM pg_catalog.pg_class c
 	WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
-	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-		EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p'
-			' WHERE p.logicalrelid OPERATOR(pg_catalog.=) ''idempotency.keys''::pg_catalog.regclass)'
-		INTO distributed;
-	END IF;
-	IF distributed THEN
+	IF idempotency._keys_distributed() THEN
 		SELECT pg_catalog.count(*), pg_catalog.min(k.lease_expires_at), true
 		INTO rows_in_progress, oldest_lease_expires_at, live_figures_exact
 		FROM ONLY idempotency.keys k
@@ -358,6 +372,83 @@ COMMENT ON COLUMN idempotency.stats.oldest_lease_expires_at IS
 COMMENT ON COLUMN idempotency.stats.live_figures_exact IS
 	'Whether rows_in_progress and oldest_lease_expires_at are exact: on a table of over 10,000 records, false until the reaper or stats_recount() counted them since the server started';
 
+-- The records in progress whose lease, as committed, ended in a window,
+-- from ended_from to ended_to (both included), as the library counts them
+-- in shared memory; NULL where its figures are not exact (see
+-- _stats_gauges).
+CREATE FUNCTION idempotency._stats_gauges_leases_ended(
+	relid pg_catalog.regclass,
+	ended_from timestamptz,
+	ended_to timestamptz)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idempotency_stats_leases_ended'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency._stats_gauges_leases_ended(pg_catalog.regclass, timestamptz, timestamptz) IS
+	'internal: the records in progress whose lease ended in a window, as the library counts them in shared memory';
+
+-- For alerting on stuck requests (contrib/prometheus/queries.yaml): the
+-- records in progress whose lease ended between newer_than and older_than
+-- ago (both included), at a cost that does not grow with the table, as
+-- _stats_figures counts: from the library's shared memory when its figures
+-- are exact; else a table of up to 10,000 records counted, NULL for a
+-- larger one; with Citus a distributed count through keys_in_progress_idx.
+-- What has committed counts: a record that a transaction is writing now
+-- (an uncommitted takeover, complete or extend) counts until it commits.
+CREATE FUNCTION idempotency._leases_ended(older_than interval, newer_than interval)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+SET enable_seqscan TO off
+AS $$
+DECLARE
+	small_table constant bigint := 10000;
+	ended_from timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) newer_than;
+	ended_to timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) older_than;
+	ended bigint;
+	scanned bigint;
+BEGIN
+	IF older_than IS NULL OR newer_than IS NULL THEN
+		RAISE EXCEPTION 'argument "%" must not be null', CASE WHEN older_than IS NULL
+			THEN 'older_than' ELSE 'newer_than' END
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF older_than OPERATOR(pg_catalog.<) '0'::interval THEN
+		RAISE EXCEPTION 'argument "older_than" must not be negative'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF newer_than OPERATOR(pg_catalog.<) older_than THEN
+		RAISE EXCEPTION 'argument "newer_than" must not be shorter than argument "older_than"'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'The window runs from newer_than ago to older_than ago, e.g. older_than => ''1 minute'', newer_than => ''15 minutes''.';
+	END IF;
+	IF idempotency._keys_distributed() THEN
+		SELECT pg_catalog.count(*) INTO ended
+		FROM ONLY idempotency.keys k
+		WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state
+		  AND k.lease_expires_at OPERATOR(pg_catalog.>=) ended_from
+		  AND k.lease_expires_at OPERATOR(pg_catalog.<=) ended_to;
+		RETURN ended;
+	END IF;
+	ended := idempotency._stats_gauges_leases_ended('idempotency.keys'::pg_catalog.regclass,
+													ended_from, ended_to);
+	IF ended IS NULL THEN
+		SELECT pg_catalog.count(*) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state
+				AND t.lease_expires_at OPERATOR(pg_catalog.>=) ended_from
+				AND t.lease_expires_at OPERATOR(pg_catalog.<=) ended_to),
+			pg_catalog.count(*)
+		INTO ended, scanned
+		FROM (SELECT k.state, k.lease_expires_at FROM ONLY idempotency.keys k
+			  LIMIT small_table OPERATOR(pg_catalog.+) 1) t;
+		IF scanned OPERATOR(pg_catalog.>) small_table THEN
+			ended := NULL;
+		END IF;
+	END IF;
+	RETURN ended;
+END
+$$;
+COMMENT ON FUNCTION idempotency._leases_ended(interval, interval) IS
+	'The records in progress whose lease ended between newer_than and older_than ago, without a scan of the records (NULL when that cannot be exact)';
+
 -- The records in progress, oldest first, for whoever monitors the server
 -- (a scan of the table: no index of them makes complete's update non-HOT):
 -- which requests are stuck, since when, on which attempt.  writing: a
@@ -404,6 +495,10 @@ REVOKE ALL ON FUNCTION idempotency._stats_figures() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._stats_figures() TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._stats_gauges(pg_catalog.regclass) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.stats_recount() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency._keys_distributed() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency._stats_gauges_leases_ended(pg_catalog.regclass, timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency._leases_ended(interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency._leases_ended(interval, interval) TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._in_flight() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._in_flight() TO pg_monitor;
 REVOKE ALL ON idempotency.in_flight FROM PUBLIC;

@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  * gauges.c
  *	  The live figures of idempotency.stats, rows_in_progress and
- *	  oldest_lease_expires_at, kept in shared memory (preloaded only) from
- *	  the API's own writes, so that no index of the records in progress is
- *	  needed and complete's update stays HOT.
+ *	  oldest_lease_expires_at, and the leases that ended in a window
+ *	  (_leases_ended, for alerting), kept in shared memory (preloaded only)
+ *	  from the API's own writes, so that no index of the records in progress
+ *	  is needed and complete's update stays HOT.
  *
  * Shared memory holds, per database, the records in progress of its
  * idempotency.keys: a hash of (database, fence) -> end of the lease, the
@@ -136,6 +137,7 @@ static int	applied_epoch = -1;
 
 PG_FUNCTION_INFO_V1(idempotency_stats_gauges);
 PG_FUNCTION_INFO_V1(idempotency_stats_recount);
+PG_FUNCTION_INFO_V1(idempotency_stats_leases_ended);
 
 /* Asks for the shared memory of the gauges. */
 static void
@@ -708,6 +710,43 @@ idempotency_stats_gauges(PG_FUNCTION_ARGS)
 		LWLockRelease(gauges->lock);
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * The records in progress of this database's table relid whose lease ended
+ * from ended_from to ended_to (both included); NULL when the figures are not
+ * exact (or there are none).  Reads the entries, never the table.
+ */
+Datum
+idempotency_stats_leases_ended(PG_FUNCTION_ARGS)
+{
+	Oid			relid = PG_GETARG_OID(0);
+	TimestampTz ended_from = PG_GETARG_TIMESTAMPTZ(1);
+	TimestampTz ended_to = PG_GETARG_TIMESTAMPTZ(2);
+	int64		ended = 0;
+	bool		exact = false;
+	GaugeDb    *db;
+
+	if (gauges == NULL)
+		PG_RETURN_NULL();
+	LWLockAcquire(gauges->lock, LW_SHARED);
+	db = slot_for(relid, false);
+	if (db != NULL && db->exact)
+	{
+		HASH_SEQ_STATUS status;
+		ClaimEntry *e;
+
+		exact = true;
+		hash_seq_init(&status, claims);
+		while ((e = hash_seq_search(&status)) != NULL)
+			if (e->key.dboid == db->dboid &&
+				e->lease_end >= ended_from && e->lease_end <= ended_to)
+				ended++;
+	}
+	LWLockRelease(gauges->lock);
+	if (!exact)
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(ended);
 }
 
 /* stats_recount(): recounts the figures now; returns whether they are exact. */
