@@ -1656,11 +1656,11 @@ $$;
 COMMENT ON FUNCTION idempotency._stats_live() IS
 	'The live figures behind idempotency.stats, without a scan of the records';
 
--- The C edition's _leases_ended (1.6), for alerting on stuck requests
+-- The C edition's leases_ended (1.6), for alerting on stuck requests
 -- (contrib/prometheus/queries.yaml): the records in progress whose lease
 -- ended between newer_than and older_than ago (both included), counted
 -- through keys_in_progress_idx, so always exact.
-CREATE FUNCTION idempotency._leases_ended(older_than interval, newer_than interval)
+CREATE FUNCTION idempotency.leases_ended(older_than interval, newer_than interval)
 RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
@@ -1693,7 +1693,7 @@ BEGIN
 	RETURN ended;
 END
 $$;
-COMMENT ON FUNCTION idempotency._leases_ended(interval, interval) IS
+COMMENT ON FUNCTION idempotency.leases_ended(interval, interval) IS
 	'The records in progress whose lease ended between newer_than and older_than ago, read through keys_in_progress_idx';
 
 -- The view above, its live figures from _stats_live.
@@ -1746,8 +1746,8 @@ COMMENT ON VIEW idempotency.in_flight IS
 	'The records in progress, oldest first, and whether a transaction is writing each now';
 REVOKE ALL ON FUNCTION idempotency._stats_live() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._stats_live() TO pg_monitor;
-REVOKE ALL ON FUNCTION idempotency._leases_ended(interval, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency._leases_ended(interval, interval) TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.leases_ended(interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.leases_ended(interval, interval) TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._in_flight() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._in_flight() TO pg_monitor;
 REVOKE ALL ON idempotency.in_flight FROM PUBLIC;

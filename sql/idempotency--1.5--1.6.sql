@@ -11,7 +11,7 @@
 -- counted them since the server started).  Where Citus distributes the
 -- table the index stays: there the figures are a distributed count
 -- through it, and citus_distribute() makes it.  idempotency.in_flight now
--- scans the table: _leases_ended() gives the Prometheus queries the leases
+-- scans the table: leases_ended() gives the Prometheus queries the leases
 -- that ended in a window from the same shared memory.
 
 -- Whether Citus distributes idempotency.keys (where Citus is installed).
@@ -172,7 +172,7 @@ COMMENT ON FUNCTION idempotency._stats_gauges_leases_ended(pg_catalog.regclass, 
 -- larger one; with Citus a distributed count through keys_in_progress_idx.
 -- What has committed counts: a record that a transaction is writing now
 -- (an uncommitted takeover, complete or extend) counts until it commits.
-CREATE FUNCTION idempotency._leases_ended(older_than interval, newer_than interval)
+CREATE FUNCTION idempotency.leases_ended(older_than interval, newer_than interval)
 RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
@@ -224,7 +224,7 @@ BEGIN
 	RETURN ended;
 END
 $$;
-COMMENT ON FUNCTION idempotency._leases_ended(interval, interval) IS
+COMMENT ON FUNCTION idempotency.leases_ended(interval, interval) IS
 	'The records in progress whose lease ended between newer_than and older_than ago, without a scan of the records (NULL when that cannot be exact)';
 
 DROP FUNCTION idempotency._stats_live();
@@ -234,8 +234,8 @@ REVOKE ALL ON FUNCTION idempotency._stats_gauges(pg_catalog.regclass) FROM PUBLI
 REVOKE ALL ON FUNCTION idempotency.stats_recount() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency._keys_distributed() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency._stats_gauges_leases_ended(pg_catalog.regclass, timestamptz, timestamptz) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idempotency._leases_ended(interval, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency._leases_ended(interval, interval) TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.leases_ended(interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.leases_ended(interval, interval) TO pg_monitor;
 
 -- citus_distribute() makes the index of records in progress before it distributes the table.
 CREATE OR REPLACE FUNCTION idempotency.citus_distribute(colocate_with regclass)

@@ -394,7 +394,7 @@ COMMENT ON FUNCTION idempotency._stats_gauges_leases_ended(pg_catalog.regclass, 
 -- larger one; with Citus a distributed count through keys_in_progress_idx.
 -- What has committed counts: a record that a transaction is writing now
 -- (an uncommitted takeover, complete or extend) counts until it commits.
-CREATE FUNCTION idempotency._leases_ended(older_than interval, newer_than interval)
+CREATE FUNCTION idempotency.leases_ended(older_than interval, newer_than interval)
 RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
@@ -446,7 +446,7 @@ BEGIN
 	RETURN ended;
 END
 $$;
-COMMENT ON FUNCTION idempotency._leases_ended(interval, interval) IS
+COMMENT ON FUNCTION idempotency.leases_ended(interval, interval) IS
 	'The records in progress whose lease ended between newer_than and older_than ago, without a scan of the records (NULL when that cannot be exact)';
 
 -- The records in progress, oldest first, for whoever monitors the server
@@ -497,8 +497,8 @@ REVOKE ALL ON FUNCTION idempotency._stats_gauges(pg_catalog.regclass) FROM PUBLI
 REVOKE ALL ON FUNCTION idempotency.stats_recount() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency._keys_distributed() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency._stats_gauges_leases_ended(pg_catalog.regclass, timestamptz, timestamptz) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idempotency._leases_ended(interval, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency._leases_ended(interval, interval) TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.leases_ended(interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.leases_ended(interval, interval) TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._in_flight() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._in_flight() TO pg_monitor;
 REVOKE ALL ON idempotency.in_flight FROM PUBLIC;

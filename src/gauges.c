@@ -2,7 +2,7 @@
  * gauges.c
  *	  The live figures of idempotency.stats, rows_in_progress and
  *	  oldest_lease_expires_at, and the leases that ended in a window
- *	  (_leases_ended, for alerting), kept in shared memory (preloaded only)
+ *	  (leases_ended, for alerting), kept in shared memory (preloaded only)
  *	  from the API's own writes, so that no index of the records in progress
  *	  is needed and complete's update stays HOT.
  *

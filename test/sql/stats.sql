@@ -74,7 +74,7 @@ SELECT pg_stat_force_next_flush();
 SELECT n_tup_upd - :upd0 AS updates, n_tup_hot_upd - :hot0 > 0 AS some_hot
 FROM pg_stat_user_tables WHERE relid = 'idempotency.keys'::regclass;
 
--- _leases_ended (1.6, for alerting): the records in progress whose lease
+-- leases_ended (1.6, for alerting): the records in progress whose lease
 -- ended in a window, from the library's figures: what a count of the table
 -- finds for the same window, as committed
 SELECT fence AS e1 FROM idempotency.claim('st-le-1', '\x01', lease => '10 milliseconds') \gset
@@ -83,11 +83,11 @@ SELECT outcome FROM idempotency.claim('st-le-3', '\x01', lease => '1h');
 SELECT pg_sleep(0.05);
 -- (of_st_le: the figure less the other tests' records a count finds in it)
 PREPARE leases_ended(interval, interval) AS
-SELECT idempotency._leases_ended($1, $2) -
+SELECT idempotency.leases_ended($1, $2) -
            (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress'
             AND key NOT LIKE 'st-le-%' AND lease_expires_at BETWEEN now() - $2 AND now() - $1)
            AS of_st_le,
-       idempotency._leases_ended($1, $2) =
+       idempotency.leases_ended($1, $2) =
            (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress'
             AND lease_expires_at BETWEEN now() - $2 AND now() - $1) AS as_counted,
        (SELECT live_figures_exact FROM idempotency.stats) AS exact;
@@ -103,10 +103,10 @@ COMMIT;
 EXECUTE leases_ended('0', '1 hour');
 DEALLOCATE leases_ended;
 \set VERBOSITY sqlstate
-SELECT idempotency._leases_ended(NULL, '15 minutes');
-SELECT idempotency._leases_ended('1 minute', NULL);
-SELECT idempotency._leases_ended('-1 minute', '15 minutes');
-SELECT idempotency._leases_ended('15 minutes', '1 minute');
+SELECT idempotency.leases_ended(NULL, '15 minutes');
+SELECT idempotency.leases_ended('1 minute', NULL);
+SELECT idempotency.leases_ended('-1 minute', '15 minutes');
+SELECT idempotency.leases_ended('15 minutes', '1 minute');
 \set VERBOSITY default
 
 -- reading the statistics does not scan the records
@@ -115,7 +115,7 @@ SELECT seq_scan AS scans_before FROM pg_stat_user_tables
 WHERE relid = 'idempotency.keys'::regclass \gset
 SELECT rows_in_progress >= 0 AS read FROM idempotency.stats;
 SELECT rows_in_progress >= 0 AS read FROM idempotency.stats;
-SELECT idempotency._leases_ended('1 minute', '15 minutes') >= 0 AS read;
+SELECT idempotency.leases_ended('1 minute', '15 minutes') >= 0 AS read;
 SELECT pg_stat_force_next_flush();
 SELECT seq_scan = :scans_before AS no_scan FROM pg_stat_user_tables
 WHERE relid = 'idempotency.keys'::regclass;
@@ -140,12 +140,12 @@ CREATE ROLE idem_stats_monitor IN ROLE pg_monitor;
 GRANT USAGE ON SCHEMA idempotency TO idem_stats_app;
 SET ROLE idem_stats_monitor;
 SELECT count(*) >= 0 AS monitor_reads FROM idempotency.in_flight;
-SELECT idempotency._leases_ended('1 minute', '15 minutes') >= 0 AS monitor_reads;
+SELECT idempotency.leases_ended('1 minute', '15 minutes') >= 0 AS monitor_reads;
 SET ROLE idem_stats_app;
 \set VERBOSITY sqlstate
 SELECT * FROM idempotency.in_flight;
 SELECT * FROM idempotency._stats_figures();
-SELECT idempotency._leases_ended('1 minute', '15 minutes');
+SELECT idempotency.leases_ended('1 minute', '15 minutes');
 SELECT idempotency.stats_recount();
 \set VERBOSITY default
 RESET ROLE;

@@ -58,14 +58,14 @@ is( $node->safe_psql('postgres',
 ($rc, $out, $err) = $node->psql('postgres', 'SELECT idempotency.stats_reset()');
 like($err, qr/statistics are not available/, 'stats_reset() says why it cannot');
 
-# _leases_ended (the Prometheus queries' stuck requests): a small table counted.
+# leases_ended (the Prometheus queries' stuck requests): a small table counted.
 $node->safe_psql('postgres', q{SELECT idempotency.claim('k2', '\x01')});
 $node->safe_psql('postgres',
 	q{UPDATE idempotency.keys SET lease_expires_at = now() - interval '5 minutes' WHERE key = 'k2'});
 is( $node->safe_psql('postgres',
-		q{SELECT idempotency._leases_ended('1 minute', '15 minutes'),
-		         idempotency._leases_ended('10 minutes', '15 minutes')}),
-	'1|0', 'without preloading _leases_ended counts the leases that ended in the window');
+		q{SELECT idempotency.leases_ended('1 minute', '15 minutes'),
+		         idempotency.leases_ended('10 minutes', '15 minutes')}),
+	'1|0', 'without preloading leases_ended counts the leases that ended in the window');
 
 $node->stop;
 done_testing();

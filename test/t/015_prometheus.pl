@@ -115,7 +115,7 @@ FROM idempotency.stats}),
 is($type{idempotency_leases_ended_unclaimed}, 'gauge', 'idempotency_leases_ended_unclaimed is a gauge');
 
 # A scrape scans nothing of the table, whatever its size (before 1.6's
-# _leases_ended the query counted in_flight, a scan of the table): the
+# leases_ended the query counted in_flight, a scan of the table): the
 # queries file's query, run as the exporter's role, starts no scan of the
 # table or of its indexes in its transaction.
 my ($query) = slurp_file($queries) =~ /^  query: \|\n((?:    .*\n)+)/m;

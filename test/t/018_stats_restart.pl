@@ -47,15 +47,15 @@ SELECT idempotency.claim('p' || i, '\x01', lease => (i || ' minutes')::interval)
 SELECT idempotency.complete('c' || i, (idempotency.claim('c' || i, '\x01')).fence, 200)
 FROM generate_series(1, 2) i;
 });
-# _leases_ended (the Prometheus queries' stuck requests): p1's lease, moved
+# leases_ended (the Prometheus queries' stuck requests): p1's lease, moved
 # an hour back with plain SQL and counted by a recount, is the one that
 # ended in the window, whichever way the figure is read.
 $node->safe_psql('postgres',
 	q{UPDATE idempotency.keys SET lease_expires_at = now() - interval '1 hour' WHERE key = 'p1'});
 $node->safe_psql('postgres', 'SELECT idempotency.stats_recount()');
 my $leases_sql = q{
-SELECT idempotency._leases_ended('30 minutes', '1 day'),
-       idempotency._leases_ended('30 minutes', '1 day') IS NOT DISTINCT FROM
+SELECT idempotency.leases_ended('30 minutes', '1 day'),
+       idempotency.leases_ended('30 minutes', '1 day') IS NOT DISTINCT FROM
            (SELECT count(*) FROM idempotency.keys WHERE state = 'in_progress'
             AND lease_expires_at BETWEEN now() - interval '1 day' AND now() - interval '30 minutes')};
 is($node->safe_psql('postgres', $figures_sql), 't|3|t', 'exact before the restart');
@@ -65,7 +65,7 @@ $node->restart;
 is($node->safe_psql('postgres', $gauges_sql), 'f', 'after a restart shared memory has no exact figures');
 is($node->safe_psql('postgres', $figures_sql), 't|3|t',
 	'the view counts a small table meanwhile');
-is($node->safe_psql('postgres', $leases_sql), '1|t', 'and so does _leases_ended');
+is($node->safe_psql('postgres', $leases_sql), '1|t', 'and so does leases_ended');
 $node->safe_psql('postgres', q{SELECT idempotency.claim('p4', '\x01')});
 is($node->safe_psql('postgres', 'SELECT idempotency.stats_recount()'),
 	't', 'stats_recount() makes them exact');
@@ -171,7 +171,7 @@ is($node->safe_psql('postgres', $gauges_sql),
 is($node->safe_psql('postgres',
 		'SELECT live_figures_exact, oldest_lease_expires_at IS NULL FROM idempotency.stats'),
 	'f|t', 'the view, on a table too large to count, says its figures are an estimate');
-is($node->safe_psql('postgres', $leases_sql), '|f', '_leases_ended has no figure there (NULL)');
+is($node->safe_psql('postgres', $leases_sql), '|f', 'leases_ended has no figure there (NULL)');
 is($node->safe_psql('postgres', 'SELECT idempotency.stats_recount()'),
 	'f', 'a recount cannot make them exact while they do not fit');
 $node->safe_psql('postgres',
