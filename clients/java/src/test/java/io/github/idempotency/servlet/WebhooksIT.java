@@ -69,7 +69,7 @@ class WebhooksIT {
 			assertArrayEquals(first.body(), again.body());
 			assertEquals("true", again.header("Idempotent-Replayed"));
 			assertEquals(1, charges(901));
-			assertEquals("acme", TestDb.sql("SELECT scope FROM idempotency.keys WHERE key = '" + id + "'"));
+			assertEquals("webhook:acme", TestDb.sql("SELECT scope FROM idempotency.keys WHERE key = '" + id + "'"));
 			assertEquals(422, deliver(server, SECRET, id, now(), "{\"amount\":902}").status());
 
 			String forged = TestDb.uniqueKey("msg");
