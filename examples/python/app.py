@@ -90,7 +90,8 @@ def create_payment():
 
 # POST /webhooks: the sender's deliveries, guarded by the extension with the
 # Standard Webhooks key source on a blueprint of their own: verified before
-# any claim (400 otherwise), the key their webhook-id, the scope the sender.
+# any claim (401 otherwise), the key their webhook-id, the scope "webhook:"
+# and the sender.
 # IDEMPOTENCY_ONE_TRANSACTION=on: the claim commits with the charge.
 webhooks = Blueprint("webhooks", __name__)
 
