@@ -185,7 +185,7 @@ export interface WebhookVerifier {
   verify(payload: Buffer, headers: Record<string, string>): unknown;
 }
 
-/** The middleware options of a Standard Webhooks receiver: verified before the claim, key = webhook-id, scope = sender. */
+/** The middleware options of a Standard Webhooks receiver: verified before the claim, key = webhook-id, scope = `webhook:${sender}`. */
 export function standardWebhook(webhook: WebhookVerifier, options?: { sender?: string }):
   Required<Pick<MiddlewareOptions, 'methods' | 'verify' | 'key' | 'scope'>>;
 

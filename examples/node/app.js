@@ -59,7 +59,8 @@ async function chargeOnce(db, amount, delayMs = 0) {
 // Standard Webhooks receiver: the event's data.amount is charged as
 // POST /payments charges it. The middleware verifies the signature and
 // timestamp before it claims anything (401 otherwise); the key is the
-// webhook-id, the scope the sender: a redelivery gets the stored answer.
+// webhook-id, the scope "webhook:" and the sender: a redelivery gets the
+// stored answer.
 // Mounted on its route, so the Idempotency-Key middleware below does not see it.
 function webhookReceiver(secret) {
   return express.Router().post('/webhooks',

@@ -90,7 +90,8 @@ def create_payment():
 
 # POST /webhooks: the sender's deliveries, guarded by the extension with the
 # Standard Webhooks key source on a blueprint of their own: verified before
-# any claim (400 otherwise), the key their webhook-id, the scope the sender.
+# any claim (401 otherwise), the key their webhook-id, the scope "webhook:"
+# and the sender.
 # IDEMPOTENCY_ONE_TRANSACTION=on: the claim commits with the charge.
 webhooks = Blueprint("webhooks", __name__)
 
@@ -98,8 +99,8 @@ webhooks = Blueprint("webhooks", __name__)
 @webhooks.post("/webhooks")
 def receive_webhook():
     """Charges a Standard Webhooks event's data.amount (data.delay_ms sleeps
-    first) once: 200 {"charge": N} (a redelivery gets the same), 400
-    unverified, or, stored, for an event without a positive amount; 409
+    first) once: 200 {"charge": N} (a redelivery gets the same), 401
+    unverified, 400, stored, for an event without a positive amount; 409
     while it runs, 422 when its webhook-id came with another payload."""
     payload = request.get_json(silent=True, force=True)
     data = payload.get("data") if isinstance(payload, dict) else None

@@ -172,8 +172,9 @@ func newFunction(db store, w Work, opts []RunOptions) (*function, *claim, error)
 }
 
 // ArgsFingerprint is Run's fingerprint of args: the SHA-256 of a prefix and
-// their canonical JSON (object keys sorted, no whitespace, numbers as
-// written), so equal arguments, and only those, give the same fingerprint.
+// their canonical JSON (canonical.go), the bytes every client of the project
+// makes of the same arguments, so equal arguments, and only those, give the
+// same fingerprint.
 func ArgsFingerprint(args any) ([]byte, error) {
 	canonical, err := canonicalJSON(args)
 	if err != nil {
@@ -181,22 +182,6 @@ func ArgsFingerprint(args any) ([]byte, error) {
 	}
 	sum := sha256.Sum256(append([]byte("pg-idempotency function\n"), canonical...))
 	return sum[:], nil
-}
-
-// canonicalJSON encodes v, then decodes and encodes it again as generic
-// JSON: maps (structs' fields included) come out with their keys sorted.
-func canonicalJSON(v any) ([]byte, error) {
-	first, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(first))
-	dec.UseNumber()
-	var generic any
-	if err := dec.Decode(&generic); err != nil {
-		return nil, err
-	}
-	return json.Marshal(generic)
 }
 
 // call runs fn once for claim c: its result as JSON, and whether it ran

@@ -58,7 +58,9 @@ type Options struct {
 	// Redact is given the response to store (status, the headers a replay
 	// repeats, body) and returns the headers and body to store instead; the
 	// response sent to this client is unchanged, a replay sends what was
-	// stored. nil: stored as sent.
+	// stored. A panic is answered 500 idempotency_redact_failed: nothing is
+	// stored, the handler's writes roll back, the key is free. nil: stored
+	// as sent.
 	Redact func(status int, header http.Header, body []byte) (http.Header, []byte)
 }
 
@@ -537,7 +539,15 @@ func (g *guard) settle(w http.ResponseWriter, r *http.Request, tx txn, c *claim,
 	}
 	var done *completion
 	if c != nil {
-		done = g.completion(c.ticket, rec)
+		var err error
+		if done, err = g.completion(c.ticket, rec); err != nil {
+			g.rollback(tx)
+			g.free(r.Context(), c)
+			g.opts.Logger.Printf("idempotency: %v; nothing was stored, the key is free", err)
+			writeProblem(w, http.StatusInternalServerError, CodeRedactFailed,
+				"the response could not be redacted for storing; nothing of it was kept", 0)
+			return false
+		}
 	}
 	err := g.commit(r.Context(), tx, done)
 	switch {
@@ -560,14 +570,29 @@ func (g *guard) settle(w http.ResponseWriter, r *http.Request, tx txn, c *claim,
 var errCommitLost = errors.New("the COMMIT got no answer")
 
 // completion is what complete stores of rec for ticket t: the headers a
-// replay repeats, redacted (Options.Redact); kept on rec as rec.stored.
-func (g *guard) completion(t *Ticket, rec *recorder) *completion {
+// replay repeats, redacted (Options.Redact); kept on rec as rec.stored. An
+// error when Redact panicked: nothing is to be stored.
+func (g *guard) completion(t *Ticket, rec *recorder) (*completion, error) {
 	header, body := g.storedHeader(rec), rec.body.Bytes()
 	if g.opts.Redact != nil {
-		header, body = g.opts.Redact(rec.status, header, bytes.Clone(body))
+		var err error
+		if header, body, err = g.redact(rec.status, header, bytes.Clone(body)); err != nil {
+			return nil, err
+		}
 	}
 	rec.stored = &completion{ticket: t, status: rec.status, body: body, header: header}
-	return rec.stored
+	return rec.stored, nil
+}
+
+// redact runs Options.Redact, its panic made an error.
+func (g *guard) redact(status int, header http.Header, body []byte) (_ http.Header, _ []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the Redact option panicked: %v", p)
+		}
+	}()
+	header, body = g.opts.Redact(status, header, body)
+	return header, body, nil
 }
 
 // commit stores the response with complete (done, unless nil: unguarded)
@@ -622,7 +647,12 @@ func (g *guard) abandon(ctx context.Context, tx txn, c *claim, rec *recorder) {
 		g.free(ctx, c)
 		return
 	}
-	g.completeApart(ctx, c, g.completion(c.ticket, rec))
+	done, err := g.completion(c.ticket, rec)
+	if err != nil {
+		g.free(ctx, c) // nothing stored: the retry runs again
+		return
+	}
+	g.completeApart(ctx, c, done)
 }
 
 // completeApart runs complete for claim c on its own, after the work's

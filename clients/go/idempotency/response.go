@@ -86,6 +86,7 @@ const (
 	CodeBodyTooLarge      = "request_body_too_large"
 	CodeBodyUnread        = "request_body_unreadable"
 	CodeWebhookUnverified = "webhook_unverified"
+	CodeRedactFailed      = "idempotency_redact_failed"
 )
 
 // titles are the reason phrases of RFC 9110, the titles of the problems.
@@ -95,6 +96,7 @@ var titles = map[int]string{
 	http.StatusConflict:              "Conflict",
 	http.StatusRequestEntityTooLarge: "Content Too Large",
 	http.StatusUnprocessableEntity:   "Unprocessable Content",
+	http.StatusInternalServerError:   "Internal Server Error",
 	http.StatusServiceUnavailable:    "Service Unavailable",
 }
 

@@ -128,3 +128,25 @@ func TestMiddlewareRedact(t *testing.T) {
 		t.Fatalf("the replay: %d %v %q after %d runs, %d redactions", again.status, again.header, again.body, runs, redacted)
 	}
 }
+
+// A Redact that panics: 500 idempotency_redact_failed, nothing stored, the
+// handler's writes rolled back, the key free for the retry.
+func TestMiddlewareRedactPanics(t *testing.T) {
+	var runs int32
+	var fail atomic.Bool
+	fail.Store(true)
+	srv := serve(t, pool, Options{Redact: func(status int, header http.Header, body []byte) (http.Header, []byte) {
+		if fail.Load() {
+			panic("no card number to mask")
+		}
+		return header, body
+	}}, charge(&runs))
+	key := uniqueKey(t)
+	c := keyed(key, `{"card":"4242"}`)
+	wantProblem(t, send(t, srv, c), 500, CodeRedactFailed)
+	wantNothingKept(t, key)
+	fail.Store(false)
+	if again := send(t, srv, c); again.status != 201 || runs != 2 {
+		t.Fatalf("the retry: %d after %d runs", again.status, runs)
+	}
+}

@@ -64,7 +64,9 @@ class IdempotencyStoredError extends Error {
   }
 }
 
-// Returns the canonical JSON of value: object keys sorted, no whitespace;
+// Returns the canonical JSON of value (the rule of every client, shown by
+// clients/testdata/function-fingerprints.json): JSON.stringify's, with
+// object keys sorted by UTF-16 code units and no whitespace;
 // refuses what JSON would silently change or drop (bigint, functions,
 // symbols, Map, Set, cycles), so that two calls with equal arguments, and
 // only those, have the same fingerprint.
@@ -269,5 +271,6 @@ function idempotent(pool, fn, options = {}) {
 }
 
 module.exports = {
-  idempotent, canonicalJson, IdempotencyInProgressError, IdempotencyMismatchError, IdempotencyStoredError,
+  idempotent, canonicalJson, argumentsFingerprint,
+  IdempotencyInProgressError, IdempotencyMismatchError, IdempotencyStoredError,
 };

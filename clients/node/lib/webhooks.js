@@ -3,7 +3,7 @@
 // senders put it. Standard Webhooks (https://www.standardwebhooks.com): the
 // request is verified (signature and timestamp, by the sender's library)
 // before anything is claimed, the key is the webhook-id header and the scope
-// the sender. Senders that keep their event id in the body (Stripe's "id"):
+// "webhook:" and the sender. Senders that keep their event id in the body (Stripe's "id"):
 // bodyKey.
 
 const { headerField } = require('./key');
@@ -11,8 +11,8 @@ const { headerField } = require('./key');
 // Returns the middleware options of a Standard Webhooks receiver. webhook:
 // what verifies a delivery, e.g. new Webhook(secret) of the npm package
 // standardwebhooks (anything with verify(payload, headers) that throws on a
-// bad signature or a timestamp outside its tolerance); sender: the scope of
-// its events (default 'standard-webhooks').
+// bad signature or a timestamp outside its tolerance); sender: who sends its
+// events (default 'standard-webhooks'), whose scope is "webhook:" and the sender.
 function standardWebhook(webhook, { sender = 'standard-webhooks' } = {}) {
   if (!webhook || typeof webhook.verify !== 'function')
     throw new TypeError('standardWebhook() needs a verifier, e.g. new Webhook(secret) of the package standardwebhooks');
@@ -21,7 +21,7 @@ function standardWebhook(webhook, { sender = 'standard-webhooks' } = {}) {
     methods: ['POST'],
     verify: (req) => { webhook.verify(req.rawBody, req.headers); },
     key: (req) => headerField(req, 'webhook-id'),
-    scope: () => sender,
+    scope: () => `webhook:${sender}`,
   };
 }
 

@@ -1,6 +1,6 @@
 'use strict';
 // Webhook receivers: Standard Webhooks (verified before any claim; key =
-// webhook-id, scope = the sender) and a key read from the body (Stripe's id).
+// webhook-id, scope = "webhook:" and the sender) and a key read from the body (Stripe's id).
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -22,7 +22,7 @@ test.before(async () => {
     runs += 1;
     res.status(200).json({ received: req.body.type, run: runs });
   });
-  app.post('/stripe', idempotency(pool, { key: bodyKey('id'), scope: () => 'stripe' }), (req, res) => {
+  app.post('/stripe', idempotency(pool, { key: bodyKey('id'), scope: () => 'webhook:stripe' }), (req, res) => {
     runs += 1;
     res.status(200).json({ received: req.body.id, run: runs });
   });
@@ -42,7 +42,7 @@ function deliver(id, body, { webhook = sender, seconds = Math.floor(Date.now() /
   });
 }
 
-test('a Standard Webhooks delivery runs once: key = webhook-id, scope = the sender; a redelivery replays', async () => {
+test('a Standard Webhooks delivery runs once: key = webhook-id, scope = webhook:<sender>; a redelivery replays', async () => {
   const id = unique('msg');
   const first = await deliver(id, { type: 'a' });
   assert.equal(first.status, 200);
@@ -50,7 +50,7 @@ test('a Standard Webhooks delivery runs once: key = webhook-id, scope = the send
   assert.equal(again.status, 200);
   assert.equal(again.headers['idempotent-replayed'], 'true');
   assert.deepEqual(again.body, first.body);
-  const record = await idem.lookup(id, { scope: 'acme' });
+  const record = await idem.lookup(id, { scope: 'webhook:acme' });
   assert.equal(record.state, 'completed');
   assert.equal((await deliver(id, { type: 'b' })).status, 422);
 });
@@ -69,7 +69,7 @@ test('an unverified delivery is 401 and never claimed: bad signature, old timest
     headers: [['Content-Type', 'application/json'], ['webhook-id', bare]] });
   assert.equal(unsigned.status, 401);
   assert.equal(runs, before);
-  for (const key of [forged, old, bare]) assert.equal(await idem.lookup(key, { scope: 'acme' }), null);
+  for (const key of [forged, old, bare]) assert.equal(await idem.lookup(key, { scope: 'webhook:acme' }), null);
 });
 
 test('a key read from the body (Stripe\'s id): one run per event id; none in the body: 400', async () => {
@@ -81,7 +81,7 @@ test('a key read from the body (Stripe\'s id): one run per event id; none in the
   assert.equal(first.status, 200);
   assert.equal(again.headers['idempotent-replayed'], 'true');
   assert.deepEqual(again.body, first.body);
-  assert.equal((await idem.lookup(id, { scope: 'stripe' })).state, 'completed');
+  assert.equal((await idem.lookup(id, { scope: 'webhook:stripe' })).state, 'completed');
   const none = await send(server.url, { path: '/stripe', body: '{"type":"x"}', headers: [['Content-Type', 'application/json']] });
   assert.equal(none.status, 400);
   const notText = await send(server.url, { path: '/stripe', body: '{"id":42}', headers: [['Content-Type', 'application/json']] });

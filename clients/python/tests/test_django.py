@@ -474,6 +474,6 @@ def test_standard_webhooks_as_the_key_source(admin, mode):
         forged = client.post("/payments", json.dumps({"amount": 60}), content_type="application/json", **send)
     assert first.status_code == 201 and again["Idempotent-Replayed"] == "true"
     assert again.content == first.content
-    assert_problem(forged, 400, "webhook_unverified")
+    assert_problem(forged, 401, "webhook_unverified")
     assert admin.execute("SELECT scope, key FROM idempotency.keys").fetchall() == [("webhook:acme", "msg_d1")]
     assert value(admin, "SELECT count(*) FROM charges") == 1

@@ -87,7 +87,7 @@ def test_a_delivery_that_does_not_verify_is_refused_and_never_claimed(pool, admi
     elif tamper == "body":
         body = json.dumps({"data": {"amount": 1000}}).encode()
     answer = receiver.receive(headers, body)
-    assert answer.status == 400 and json.loads(answer.body)["code"] == "webhook_unverified"
+    assert answer.status == 401 and json.loads(answer.body)["code"] == "webhook_unverified"
     assert runs == [] and records(admin) == 0 and value(admin, "SELECT count(*) FROM charges") == 0
 
 
@@ -151,10 +151,10 @@ def test_a_key_read_from_the_body(pool, admin):
     signed = [("Stripe-Signature", hmac.new(b"stripe secret", body, hashlib.sha256).hexdigest())]
     first = receiver.receive(signed, body)
     assert first.status == 200 and receiver.receive(signed, body).body == first.body
-    assert receiver.receive([("Stripe-Signature", "forged")], body).status == 400
+    assert receiver.receive([("Stripe-Signature", "forged")], body).status == 401
     no_id = json.dumps({"data": {"amount": 7}}).encode()
     assert receiver.receive([("Stripe-Signature", hmac.new(b"stripe secret", no_id, hashlib.sha256)
-                              .hexdigest())], no_id).status == 400
+                              .hexdigest())], no_id).status == 401
     assert runs == ["evt_1"] and value(admin, "SELECT key FROM idempotency.keys") == "evt_1"
 
 
@@ -220,7 +220,7 @@ def test_a_middleware_whose_key_source_is_standard_webhooks(serve, admin):
 
 
 @pytest.mark.parametrize("tamper", ["secret", "body", "old", "unsigned"])
-def test_a_delivery_the_middleware_cannot_verify_is_400_and_never_claimed(serve, admin, tamper):
+def test_a_delivery_the_middleware_cannot_verify_is_401_and_never_claimed(serve, admin, tamper):
     client = serve(**standard_webhook(SECRET, sender="acme"))
     payload = {"amount": 3}
     headers, body = delivery("msg_m2", payload, **{
@@ -230,7 +230,7 @@ def test_a_delivery_the_middleware_cannot_verify_is_400_and_never_claimed(serve,
         body = json.dumps({"amount": 300}).encode()
     if tamper == "unsigned":
         headers = [("Idempotency-Key", "k-1")]
-    assert_problem(client.post("/payments", headers=headers, content=body), 400, "webhook_unverified")
+    assert_problem(client.post("/payments", headers=headers, content=body), 401, "webhook_unverified")
     assert records(admin) == 0 and value(admin, "SELECT count(*) FROM charges") == 0
 
 
@@ -241,9 +241,9 @@ def test_a_middleware_whose_key_is_read_from_the_body(serve, admin):
     again = client.post("/payments", headers=stripe_signed(body), content=body)
     assert (first.status_code, again.status_code) == (201, 201) and again.headers["idempotent-replayed"] == "true"
     assert_problem(client.post("/payments", headers=[("Stripe-Signature", "forged")], content=body),
-                   400, "webhook_unverified")
+                   401, "webhook_unverified")
     no_id = json.dumps({"amount": 7}).encode()
-    assert_problem(client.post("/payments", headers=stripe_signed(no_id), content=no_id), 400, "webhook_unverified")
+    assert_problem(client.post("/payments", headers=stripe_signed(no_id), content=no_id), 401, "webhook_unverified")
     assert admin.execute("SELECT scope, key FROM idempotency.keys").fetchall() == [("webhook:stripe", "evt_m1")]
     assert value(admin, "SELECT count(*) FROM charges") == 1
 
@@ -273,7 +273,7 @@ def test_a_flask_blueprint_receives_webhooks_beside_the_apps_idempotency_keys(po
     again = client.post("/webhooks", headers=headers, data=body)
     assert (first.status_code, again.status_code) == (200, 200) and first.data == again.data
     assert again.headers["Idempotent-Replayed"] == "true"
-    assert client.post("/webhooks", headers=[("Idempotency-Key", "k-2")], data=body).status_code == 400
+    assert client.post("/webhooks", headers=[("Idempotency-Key", "k-2")], data=body).status_code == 401
     paid = client.post("/payments", headers={"Idempotency-Key": "k-3"}, json={"amount": 2})
     assert paid.status_code == 201
     assert client.post("/payments", headers={"Idempotency-Key": "k-3"}, json={"amount": 2}) \

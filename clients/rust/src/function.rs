@@ -333,15 +333,17 @@ fn stored_result<T: DeserializeOwned, E>(response: StoredResponse) -> Result<T, 
     Ok(serde_json::from_slice(&response.body)?)
 }
 
-/// The fingerprint of a call's arguments: SHA-256 of their canonical JSON
-/// (object keys sorted, no whitespace), as every client of the project makes it.
+/// The fingerprint of a call's arguments: SHA-256 of a prefix and their
+/// canonical JSON, the bytes every client of the project makes of the same
+/// arguments (clients/testdata/function-fingerprints.json).
 pub fn arguments_fingerprint<A: Serialize + ?Sized>(args: &A) -> Result<Vec<u8>, serde_json::Error> {
     let mut text = String::new();
     canonical_json(&serde_json::to_value(args)?, &mut text);
     Ok(Sha256::new().chain_update(b"pg-idempotency function\n").chain_update(text.as_bytes()).finalize().to_vec())
 }
 
-/// Writes `value` as canonical JSON: object keys sorted, no whitespace.
+/// Writes `value` as canonical JSON: as JavaScript's `JSON.stringify`
+/// writes it, with object keys sorted by UTF-16 code units and no whitespace.
 fn canonical_json(value: &Value, out: &mut String) {
     match value {
         Value::Array(items) => {
@@ -356,7 +358,7 @@ fn canonical_json(value: &Value, out: &mut String) {
         }
         Value::Object(object) => {
             let mut keys: Vec<&String> = object.keys().collect();
-            keys.sort();
+            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
             out.push('{');
             for (i, key) in keys.into_iter().enumerate() {
                 if i > 0 {
@@ -368,8 +370,38 @@ fn canonical_json(value: &Value, out: &mut String) {
             }
             out.push('}');
         }
+        Value::Number(number) => match number.as_f64() {
+            Some(float) if number.is_f64() => out.push_str(&js_number(float)),
+            _ => out.push_str(&number.to_string()),
+        },
         scalar => out.push_str(&scalar.to_string()),
     }
+}
+
+/// `x` as JavaScript writes a number (ECMAScript `Number::toString`): the
+/// shortest digits that read back as `x`, without an exponent from 1e-6 up
+/// to 1e21, an integral value without ".0".
+fn js_number(x: f64) -> String {
+    if x == 0.0 {
+        return "0".to_owned();
+    }
+    // {:e} writes the shortest digits that read back as x: "1.5e300".
+    let scientific = format!("{:e}", x.abs());
+    let (mantissa, exponent) = scientific.split_once('e').expect("{:e} writes an exponent");
+    let digits = mantissa.replace('.', "");
+    let k = digits.len() as i32;
+    let n = exponent.parse::<i32>().expect("{:e} writes an integer exponent") + 1; // x = 0.digits * 10^n
+    let text = if k <= n && n <= 21 {
+        digits + &"0".repeat((n - k) as usize)
+    } else if 0 < n && n <= 21 {
+        format!("{}.{}", &digits[..n as usize], &digits[n as usize..])
+    } else if -6 < n && n <= 0 {
+        format!("0.{}{digits}", "0".repeat(-n as usize))
+    } else {
+        let point = if k > 1 { "." } else { "" };
+        format!("{}{point}{}e{}{}", &digits[..1], &digits[1..], if n > 0 { '+' } else { '-' }, (n - 1).abs())
+    };
+    if x < 0.0 { format!("-{text}") } else { text }
 }
 
 /// What the work gets: its transaction (begun when first locked, or the

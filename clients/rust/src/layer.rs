@@ -20,6 +20,7 @@
 //! handler answered, as stored).
 
 use std::future::{Future, poll_fn};
+use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -230,7 +231,9 @@ impl IdempotencyLayer {
 
     /// What is stored of a response (and so what a replay sends), given
     /// the response to store (its stored headers): e.g. to drop a card
-    /// number from the body. The live response is sent unchanged.
+    /// number from the body. The live response is sent unchanged. A hook
+    /// that panics is answered 500 `idempotency_redact_failed`: nothing is
+    /// stored, the handler's work rolls back and the key is freed.
     pub fn redact(mut self, redact: impl Fn(StoredResponse) -> StoredResponse + Send + Sync + 'static) -> Self {
         self.redact = Some(Arc::new(redact));
         self
@@ -559,7 +562,10 @@ impl IdempotencyLayer {
 
     /// Commits the handler's work with its stored response.
     async fn commit<B, E>(&self, transaction: Transaction<'static, Postgres>, claimed: Option<&Claimed<'_>>, head: response::Parts, body: Bytes) -> Run<B, E> {
-        let stored = self.to_store(&head, &body);
+        let Some(stored) = self.to_store(&head, &body) else {
+            self.abandon(Some(transaction), claimed, None).await;
+            return Run::Answered(Ok(Problem::RedactFailed.response()));
+        };
         let owner = claimed.map(|claimed| &claimed.owner);
         let ended = self.flow().complete_and_commit(transaction, owner, stored.status_code, &pairs(&stored), &stored.body).await;
         match ended {
@@ -586,7 +592,10 @@ impl IdempotencyLayer {
     /// and executed in two exchanges), which a transaction pooler keeps on
     /// one server connection only inside a transaction.
     async fn complete_alone<B, E>(&self, owner: &Owner, head: response::Parts, body: Bytes) -> Run<B, E> {
-        let response = self.to_store(&head, &body);
+        let Some(response) = self.to_store(&head, &body) else {
+            self.flow().release(owner).await;
+            return Run::Answered(Ok(Problem::RedactFailed.response()));
+        };
         let stored = async {
             let mut transaction = self.pool.begin().await?;
             let done = owner.complete(&mut *transaction, response.status_code, &pairs(&response), &response.body).await?;
@@ -626,8 +635,7 @@ impl IdempotencyLayer {
                 _ => return, // nothing of this request is held
             },
         };
-        if let Some((head, body)) = server_error {
-            let stored = self.to_store(head, body);
+        if let Some(stored) = server_error.and_then(|(head, body)| self.to_store(head, body)) {
             match owner.complete(&self.pool, stored.status_code, &pairs(&stored), &stored.body).await {
                 Ok(_) | Err(Error::ClaimLost(_)) => return,
                 Err(_) => {} // too large to store, say: release it
@@ -637,8 +645,9 @@ impl IdempotencyLayer {
     }
 
     /// What is stored of a response: its status, the headers to store and
-    /// its body, as the redact hook leaves them.
-    fn to_store(&self, head: &response::Parts, body: &Bytes) -> StoredResponse {
+    /// its body, as the redact hook leaves them; none when the hook
+    /// panicked (nothing is stored, the key is freed).
+    fn to_store(&self, head: &response::Parts, body: &Bytes) -> Option<StoredResponse> {
         let mut headers = Vec::new();
         // The body is stored as sent: its Content-Encoding (a compression layer inside) goes with it.
         let encoding = Some(&CONTENT_ENCODING).filter(|name| !self.stored_headers.contains(name));
@@ -650,10 +659,12 @@ impl IdempotencyLayer {
             }
         }
         let stored = StoredResponse { status_code: head.status.as_u16(), headers, body: body.to_vec() };
-        match &self.redact {
-            Some(redact) => redact(stored),
-            None => stored,
+        let Some(redact) = &self.redact else { return Some(stored) };
+        let redacted = std::panic::catch_unwind(AssertUnwindSafe(|| redact(stored)));
+        if redacted.is_err() {
+            tracing::error!("idempotency: the redact hook panicked: nothing is stored, the key is freed");
         }
+        redacted.ok()
     }
 }
 

@@ -26,6 +26,7 @@ pub(crate) enum Problem {
     RequestTooLarge,
     RequestUnreadable,
     ResponseUnreadable,
+    RedactFailed,
     DatabaseFailed,
     Misused(&'static str),
 }
@@ -122,6 +123,12 @@ impl Problem {
                 "Internal Server Error",
                 "response_body_unreadable",
                 "The handler's response body failed; its work was rolled back.",
+            ),
+            Problem::RedactFailed => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal Server Error",
+                "idempotency_redact_failed",
+                "The response could not be redacted for storing; nothing of it was kept.",
             ),
             Problem::DatabaseFailed => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -9,7 +9,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -121,4 +121,22 @@ async fn redact_changes_what_is_stored_not_the_live_response() {
     assert_eq!(again.json()["event"]["card"], "****", "a replay sends what was stored");
     assert_eq!(again.header("content-type"), Some("application/json"));
     assert_eq!(runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_redact_hook_that_panics_stores_nothing_and_frees_the_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let fail = Arc::new(AtomicBool::new(true));
+    let failing = fail.clone();
+    let layer = IdempotencyLayer::new(common::pool()).redact(move |stored: StoredResponse| {
+        assert!(!failing.load(SeqCst), "no card number to mask");
+        stored
+    });
+    let address = receiver(layer, &runs).await;
+    let key = unique("redact-panics");
+    common::post(address, &key, br#"{"card":"4242"}"#, &[]).await.assert_problem(500, "idempotency_redact_failed");
+    fail.store(false, SeqCst);
+    let again = common::post(address, &key, br#"{"card":"4242"}"#, &[]).await;
+    assert_eq!((again.status, again.header("idempotent-replayed")), (200, None), "nothing was stored: it runs again");
+    assert_eq!(runs.load(SeqCst), 2);
 }

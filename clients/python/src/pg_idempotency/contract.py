@@ -34,8 +34,8 @@ MAX_KEY_BYTES = 255
 BARE_KEY_CHARS = frozenset("!#$%&'*+-.^_`|~:/" + string.ascii_letters + string.digits)
 # What a path may hold unescaped (RFC 3986 pchar and "/"), to rebuild a raw path.
 PATH_CHARS = "/:@!$&'()*+,;=-._~"
-TITLES = {400: "Bad Request", 409: "Conflict", 413: "Content Too Large", 422: "Unprocessable Content",
-          500: "Internal Server Error", 503: "Service Unavailable"}
+TITLES = {400: "Bad Request", 401: "Unauthorized", 409: "Conflict", 413: "Content Too Large",
+          422: "Unprocessable Content", 500: "Internal Server Error", 503: "Service Unavailable"}
 PROBLEMS = {
     "idempotency_key_missing": (400, "This request needs an Idempotency-Key header."),
     "idempotency_key_invalid": (400, "The Idempotency-Key header is not a valid key."),
@@ -44,7 +44,7 @@ PROBLEMS = {
     "idempotency_claim_lost": (409, "This request outlived its lease and a retry took it over; retry it."),
     "request_body_too_large": (413, "The request body is larger than this server reads."),
     "idempotency_unavailable": (503, "The idempotency store cannot be reached; retry later."),
-    "webhook_unverified": (400, "The webhook did not verify."),
+    "webhook_unverified": (401, "The webhook did not verify."),
     "webhook_rejected": (400, "The webhook's event cannot be processed."),
     "webhook_handler_failed": (500, "The webhook's handler failed; deliver it again."),
     "idempotency_redact_failed": (500, "The response could not be redacted for storing; nothing was kept."),
@@ -70,7 +70,7 @@ class RedactFailed(Exception):
 
 
 class Unverified(Exception):
-    """A webhook delivery that did not verify (400), refused before any claim: the message says why."""
+    """A webhook delivery that did not verify (401), refused before any claim: the message says why."""
 
 
 class Pending(NamedTuple):
@@ -213,8 +213,8 @@ def identify(options: Options, request: Any, headers: Headers,
     field and the scope option, or, with a source option (a webhook source
     of pg_idempotency.webhooks), the delivery's verified event id and its
     sender's scope; (None, '', None) for a missing optional key; (None, '',
-    the 400 answer) for a malformed key or a delivery that did not verify,
-    which is never claimed."""
+    the refusal) for a malformed key (400) or a delivery that did not verify
+    (401), which is never claimed."""
     if options.source is not None:
         try:
             event = options.source.event([(name, value.decode("latin-1")) for name, value in headers], body)

@@ -38,7 +38,7 @@ import threading
 import uuid
 from datetime import date, datetime, time as daytime, timedelta
 from decimal import Decimal
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 import psycopg
 
@@ -107,11 +107,73 @@ class JSONSerializer:
 
 
 def canonical_json(value: Any) -> bytes:
-    """The canonical serialization of arguments: JSON with sorted keys and no
-    spaces; datetimes, UUIDs, decimals, bytes, sets and dataclasses written
-    unambiguously; anything else is a TypeError (pass fingerprint=)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False, default=_jsonable).encode()
+    """The canonical serialization of arguments, the same bytes in every
+    client (clients/testdata/function-fingerprints.json): JavaScript's
+    JSON.stringify with object keys sorted by UTF-16 code units and no
+    spaces; ints as their digits, floats as JavaScript writes a number (1.0
+    is 1, 1e21 is 1e+21); datetimes, UUIDs, decimals, bytes, sets and
+    dataclasses written unambiguously; anything else is a TypeError (pass
+    fingerprint=)."""
+    out: List[str] = []
+    _write_canonical(value, out)
+    return "".join(out).encode()
+
+
+def _write_canonical(value: Any, out: List[str]) -> None:
+    """Appends the canonical JSON of value to out."""
+    if value is None or isinstance(value, (bool, str)):
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, int):
+        out.append(int.__repr__(value))
+    elif isinstance(value, float):
+        out.append(_js_number(value))
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(value):
+            out.append("," if i else "")
+            _write_canonical(item, out)
+        out.append("]")
+    elif isinstance(value, dict):
+        fields = sorted(((_json_key(k), v) for k, v in value.items()), key=lambda f: f[0].encode("utf-16-be"))
+        out.append("{")
+        for i, (name, item) in enumerate(fields):
+            out.append(("," if i else "") + json.dumps(name, ensure_ascii=False) + ":")
+            _write_canonical(item, out)
+        out.append("}")
+    else:
+        _write_canonical(_jsonable(value), out)
+
+
+def _json_key(key: Any) -> str:
+    """An object key as JSON has it: a str (ints written as their digits)."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return int.__repr__(key)
+    raise TypeError(f"a dict key of type {type(key).__name__} has no canonical JSON form")
+
+
+def _js_number(x: float) -> str:
+    """x as JavaScript writes a number (ECMAScript Number::toString): the
+    shortest digits that read back as x, without exponent from 1e-6 up to
+    1e21, an integral value without ".0"."""
+    if x != x or x in (float("inf"), float("-inf")):
+        raise TypeError(f"{x} has no canonical JSON form")
+    if x == 0:
+        return "0"
+    sign, digits, exponent = Decimal(repr(x)).normalize().as_tuple()
+    s = "".join(map(str, digits))
+    n = len(s) + exponent   # x = 0.s * 10**n
+    if len(s) <= n <= 21:
+        text = s + "0" * (n - len(s))
+    elif 0 < n <= 21:
+        text = s[:n] + "." + s[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * -n + s
+    else:
+        mantissa = s[0] + ("." + s[1:] if len(s) > 1 else "")
+        text = f"{mantissa}e{'+' if n > 0 else '-'}{abs(n - 1)}"
+    return ("-" if sign else "") + text
 
 
 def _jsonable(value: Any) -> Any:
@@ -135,8 +197,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def arguments_fingerprint(arguments: dict) -> bytes:
-    """The fingerprint of a call: SHA-256 of its arguments' canonical JSON."""
-    return hashlib.sha256(canonical_json(arguments)).digest()
+    """The fingerprint of a call: SHA-256 of "pg-idempotency function\\n"
+    and its arguments' canonical JSON, as every client makes it."""
+    return hashlib.sha256(b"pg-idempotency function\n" + canonical_json(arguments)).digest()
 
 
 class Run:

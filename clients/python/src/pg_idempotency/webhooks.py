@@ -12,7 +12,7 @@ sender delivers it. The key is the sender's event id, the scope the sender.
 
 - StandardWebhooks: ``webhook-id`` is the key, verified first (signature
   and timestamp tolerance, with the ``standardwebhooks`` library: the
-  ``webhooks`` extra): an event that does not verify is refused with 400 and
+  ``webhooks`` extra): an event that does not verify is refused with 401 and
   never claimed.
 - BodyKey: the key is a field of the body (Stripe's ``id``), after the
   sender's own verification (a callable given; e.g. Stripe's construct_event).
@@ -111,7 +111,7 @@ def standard_webhook(secret: str, *, sender: str) -> dict:
     """The options of a middleware (Flask, ASGI, Django) that receives
     Standard Webhooks deliveries: POST only, the key the verified
     webhook-id, the scope the sender; a delivery that does not verify is
-    400 webhook_unverified and never claimed."""
+    401 webhook_unverified and never claimed."""
     return {"methods": ("POST",), "source": StandardWebhooks(secret, sender=sender)}
 
 
@@ -193,7 +193,7 @@ class WebhookReceiver:
 
 
 def _refused(err: Unverified) -> contract.Answer:
-    """The 400 of a delivery that did not verify."""
+    """The 401 of a delivery that did not verify."""
     return contract.problem("webhook_unverified", str(err))
 
 

@@ -77,6 +77,17 @@ public record Problem(int status, String code, String detail, int retryAfter) {
 	}
 
 	/**
+	 * 500 {@code idempotency_redact_failed}: the redact option threw; nothing was stored, the handler's
+	 * work rolled back and the key was released.
+	 *
+	 * @return the problem
+	 */
+	public static Problem redactFailed() {
+		return new Problem(500, "idempotency_redact_failed",
+				"the response could not be redacted for storing; nothing of it was kept", 0);
+	}
+
+	/**
 	 * 503 {@code idempotency_unavailable}, one transaction: a claim asked again after its answer was
 	 * lost found the key still held, most likely by that lost claim's own transaction (it never
 	 * commits, and lasts until the server learns its connection is gone). Nothing of it was kept.
@@ -109,6 +120,7 @@ public record Problem(int status, String code, String detail, int retryAfter) {
 	public String title() {
 		switch (status) {
 			case 400: return "Bad Request";
+			case 401: return "Unauthorized";
 			case 409: return "Conflict";
 			case 413: return "Content Too Large";
 			case 422: return "Unprocessable Content";

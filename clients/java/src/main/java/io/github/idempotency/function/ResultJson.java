@@ -5,8 +5,6 @@ import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
 import java.util.List;
-import java.util.Map;
-import java.util.TreeMap;
 import tools.jackson.databind.JsonNode;
 import tools.jackson.databind.json.JsonMapper;
 import tools.jackson.databind.node.ObjectNode;
@@ -47,38 +45,14 @@ final class ResultJson {
 
 	/**
 	 * The fingerprint of a call's arguments: SHA-256 of "pg-idempotency function\n" and their canonical
-	 * JSON (object keys sorted, no whitespace), the same encoding as the Node client's.
+	 * JSON ({@link CanonicalJson}), the bytes every client of the project makes of the same arguments.
 	 */
 	static byte[] fingerprint(List<Object> args) {
-		StringBuilder b = new StringBuilder("pg-idempotency function\n");
-		canonical(b, MAPPER.valueToTree(args));
+		String text = "pg-idempotency function\n" + CanonicalJson.write(MAPPER.valueToTree(args));
 		try {
-			return MessageDigest.getInstance("SHA-256").digest(b.toString().getBytes(StandardCharsets.UTF_8));
+			return MessageDigest.getInstance("SHA-256").digest(text.getBytes(StandardCharsets.UTF_8));
 		} catch (NoSuchAlgorithmException e) {
 			throw new IllegalStateException(e);
-		}
-	}
-
-	/** Appends node's canonical JSON to b. */
-	private static void canonical(StringBuilder b, JsonNode node) {
-		if (node.isObject()) {
-			Map<String, JsonNode> sorted = new TreeMap<>();
-			node.properties().forEach(e -> sorted.put(e.getKey(), e.getValue()));
-			b.append('{');
-			for (Map.Entry<String, JsonNode> e : sorted.entrySet()) {
-				b.append(b.length() > 0 && b.charAt(b.length() - 1) == '{' ? "" : ",");
-				canonical(b.append(MAPPER.writeValueAsString(e.getKey())).append(':'), e.getValue());
-			}
-			b.append('}');
-		} else if (node.isArray()) {
-			b.append('[');
-			int i = 0;
-			for (JsonNode element : node) {
-				canonical(b.append(i++ > 0 ? "," : ""), element);
-			}
-			b.append(']');
-		} else {
-			b.append(MAPPER.writeValueAsString(node));
 		}
 	}
 }

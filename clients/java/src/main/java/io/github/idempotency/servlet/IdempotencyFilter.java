@@ -372,7 +372,17 @@ public class IdempotencyFilter extends HttpFilter {
 			throws IOException {
 		HttpServletResponse real = (HttpServletResponse) res.getResponse();
 		ClaimResult.New ticket = c == null ? null : c.ticket;
-		IdempotencyOptions.Stored kept = c == null ? null : kept(res);
+		IdempotencyOptions.Stored kept;
+		try {
+			kept = c == null ? null : kept(res);
+		} catch (RuntimeException e) {
+			tx.rollback(); // nothing stored, nothing of the handler's kept: the retry runs again
+			release(ticket);
+			LOG.log(Level.ERROR, "idempotency: the redact option threw; nothing was stored", e);
+			real.reset();
+			problem(real, Problem.redactFailed());
+			return false;
+		}
 		if (c != null) {
 			c.kept = kept;
 		}

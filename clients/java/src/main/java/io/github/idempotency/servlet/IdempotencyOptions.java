@@ -328,7 +328,9 @@ public final class IdempotencyOptions {
 
 	/**
 	 * @param redact given the status, the headers to store and the body, returns what to store (a card
-	 *     number masked): the live response is unchanged, a replay sends what was stored
+	 *     number masked): the live response is unchanged, a replay sends what was stored; one that throws
+	 *     is answered 500 {@code idempotency_redact_failed}: nothing stored, the handler's work rolled
+	 *     back, the key released
 	 * @return this
 	 */
 	public IdempotencyOptions redact(Redactor redact) {

@@ -13,7 +13,7 @@ import tools.jackson.databind.json.JsonMapper;
  * Webhook receivers: filter options that take the key from where senders put it. Standard Webhooks
  * (https://www.standardwebhooks.com): each delivery is verified with the {@code standardwebhooks}
  * library (signature, and a timestamp within its tolerance) before anything is claimed, the key is the
- * {@code webhook-id} header and the scope the sender. Senders that keep their event id in the body
+ * {@code webhook-id} header and the scope {@code webhook:} and the sender. Senders that keep their event id in the body
  * (Stripe's {@code id}): {@link #bodyKey}.
  */
 public final class Webhooks {
@@ -24,18 +24,18 @@ public final class Webhooks {
 
 	/**
 	 * Makes {@code options} those of a Standard Webhooks receiver: POST only, verified by webhook, keyed
-	 * by {@code webhook-id}, scoped by sender.
+	 * by {@code webhook-id}, scoped by {@code "webhook:" + sender}.
 	 *
 	 * @param options the options to change
 	 * @param webhook the verifier, {@code new Webhook("whsec_...")} of com.standardwebhooks:standardwebhooks
-	 * @param sender the scope of the sender's events
+	 * @param sender who sends the events: their scope is {@code "webhook:" + sender}
 	 * @return options
 	 */
 	public static IdempotencyOptions standard(IdempotencyOptions options, Webhook webhook, String sender) {
 		return options.methods(List.of("POST"))
 				.verify((request, body) -> webhook.verify(new String(body, StandardCharsets.UTF_8), headers(request)))
 				.key((request, body) -> request.getHeader("webhook-id"))
-				.scope(request -> sender);
+				.scope(request -> "webhook:" + sender);
 	}
 
 	/**

@@ -3,6 +3,7 @@ package io.github.idempotency.servlet;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.standardwebhooks.Webhook;
 import com.zaxxer.hikari.HikariDataSource;
@@ -11,6 +12,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -69,7 +71,7 @@ class WebhooksIT {
 			assertArrayEquals(first.body(), again.body());
 			assertEquals("true", again.header("Idempotent-Replayed"));
 			assertEquals(1, charges(901));
-			assertEquals("acme", TestDb.sql("SELECT scope FROM idempotency.keys WHERE key = '" + id + "'"));
+			assertEquals("webhook:acme", TestDb.sql("SELECT scope FROM idempotency.keys WHERE key = '" + id + "'"));
 			assertEquals(422, deliver(server, SECRET, id, now(), "{\"amount\":902}").status());
 
 			String forged = TestDb.uniqueKey("msg");
@@ -109,6 +111,28 @@ class WebhooksIT {
 			assertEquals(201, replay.status());
 			assertArrayEquals(masked, replay.body());
 			assertEquals(1, charges(921));
+		}
+	}
+
+	@Test
+	void aRedactorThatThrowsStoresNothingAndReleasesTheKey() throws Exception {
+		String key = "\"" + TestDb.uniqueKey("redact") + "\"";
+		AtomicBoolean fail = new AtomicBoolean(true);
+		try (TomcatServer server = server(new IdempotencyOptions().redact((status, headers, body) -> {
+			if (fail.get()) {
+				throw new IllegalStateException("no card number to mask");
+			}
+			return new IdempotencyOptions.Stored(status, headers, body);
+		}))) {
+			Http.Response failed = Http.post(server.port(), "/payments", "Bearer x", "{\"amount\":931}", key);
+			assertEquals(500, failed.status(), failed.text());
+			assertTrue(failed.text().contains("\"code\":\"idempotency_redact_failed\""), failed.text());
+			assertEquals(0, charges(931), "the handler's work rolled back");
+			fail.set(false);
+			Http.Response again = Http.post(server.port(), "/payments", "Bearer x", "{\"amount\":931}", key);
+			assertEquals(201, again.status(), again.text());
+			assertNull(again.header("Idempotent-Replayed"), "nothing was stored: it ran again");
+			assertEquals(1, charges(931));
 		}
 	}
 }
