@@ -14,6 +14,7 @@
 #include "access/tableam.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
+#include "storage/shmem.h"
 #include "utils/guc.h"
 #include "utils/wait_event.h"
 
@@ -102,6 +103,15 @@
 #if PG_VERSION_NUM >= 190000
 #define table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck, wait, tmfd, lockmode, update_indexes) \
 	table_tuple_update(rel, otid, slot, cid, 0, snapshot, crosscheck, wait, tmfd, lockmode, update_indexes)
+#endif
+
+/*
+ * PG 19 sizes a shared hash table once (nelems); before, by an initial and
+ * a maximum size, which a fixed table gives the same.
+ */
+#if PG_VERSION_NUM >= 190000
+#define ShmemInitHash(name, init_size, max_size, infoP, hash_flags) \
+	ShmemInitHash(name, max_size, infoP, hash_flags)
 #endif
 
 /*
