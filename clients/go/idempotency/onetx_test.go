@@ -15,7 +15,7 @@ import (
 // transaction or two, whatever IDEMPOTENCY_ONE_TRANSACTION says.
 func serveMode(t *testing.T, db Pool, one bool, opts Options, h http.HandlerFunc) *httptest.Server {
 	opts.Logger, opts.OneTransaction = quiet, one
-	srv := httptest.NewUnstartedServer(newGuard(pgxStore{db}, opts).middleware(h))
+	srv := httptest.NewUnstartedServer(newGuard(pgxStore{Pool: db}, opts).middleware(h))
 	srv.Config.ErrorLog = quiet
 	srv.Start()
 	srv.Client().Timeout = 20 * time.Second
