@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
@@ -32,8 +33,8 @@ func preparedCalls(t *testing.T, db *pgxpool.Pool) map[string]int64 {
 	return calls
 }
 
-// With Prepare, the claim and complete are prepared once on the connection
-// and run again from it, in both modes; without, nothing of the package is
+// With Prepare (and RunOptions.Prepare), the claim and complete are
+// prepared once on the connection and run again from it, in both modes; without, nothing of the package is
 // prepared there. When the server has dropped them (DEALLOCATE), the
 // request runs on another connection, where they are prepared again.
 func TestPrepare(t *testing.T) {
@@ -53,6 +54,12 @@ func TestPrepare(t *testing.T) {
 						t.Fatalf("replay: %d %s", r.status, r.body)
 					}
 				}
+				work := Work{Scope: "prepare", Key: uniqueKey(t), Args: 1}
+				_, err := Run(ctx, db, work, func(context.Context, pgx.Tx) (int, error) { return 1, nil },
+					RunOptions{TwoTransactions: !one, Prepare: prepare})
+				if err != nil {
+					t.Fatal(err)
+				}
 				calls := preparedCalls(t, db)
 				if !prepare {
 					if len(calls) != 0 {
@@ -60,11 +67,11 @@ func TestPrepare(t *testing.T) {
 					}
 					continue
 				}
-				if calls[claimSQL] != 6 || calls[completeSQL] != 3 || len(calls) != 2 {
-					t.Fatalf("prepared statements and their runs: %v; want the claim 6, complete 3", calls)
+				if calls[claimSQL] != 7 || calls[completeSQL] != 4 || len(calls) != 2 {
+					t.Fatalf("prepared statements and their runs: %v; want the claim 7, complete 4", calls)
 				}
 				var names string // the handler's own statements are pgx's affair
-				err := db.QueryRow(ctx, `SELECT string_agg('DEALLOCATE ' || quote_ident(name), '; ')
+				err = db.QueryRow(ctx, `SELECT string_agg('DEALLOCATE ' || quote_ident(name), '; ')
 					FROM pg_prepared_statements WHERE statement LIKE '%idempotency.%'`, pgx.QueryExecModeExec).Scan(&names)
 				if err != nil {
 					t.Fatal(err)
