@@ -7,14 +7,16 @@
 //	DATABASE_URL=... clients/go/bench/overhead [REQUESTS]
 //
 // The payment route (insert a charge, answer 201 {"charge": id}) is served
-// four times, each by net/http in a process of its own on 127.0.0.1:
+// six times, each by net/http in a process of its own on 127.0.0.1:
 // "guarded", behind the middleware, writing through idempotency.Tx; "one",
-// the same in the middleware's one-transaction mode; "recipe", under the
+// the same in the middleware's one-transaction mode; "guarded+prepare" and
+// "one+prepare", the same with Options.Prepare; "recipe", under the
 // hand-written recipe; and "plain", in a transaction of its own per request
 // (BEGIN, insert, COMMIT), as the middleware would give it. One client sends
 // REQUESTS (default 2000) sequential requests of each kind (plain; a fresh
 // key and a replayed key to each of the others) over one kept-alive
-// connection per server. The kinds take turns, 100 timed requests at a time
+// connection per server. With PROFILE_DIR, each server writes its CPU
+// profile there (MODE.pprof). The kinds take turns, 100 timed requests at a time
 // after 20 untimed, so that other load on the machine weighs on each alike;
 // it prints the median and 90th percentile, and the speed of each mode
 // against the recipe (the recipe's median over the mode's: above 1.0x, the
@@ -39,6 +41,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,7 +93,7 @@ func run(batches int) {
 	defer plain.stop()
 	kinds := []*kind{{name: "plain", server: plain, key: func() string { return "" }}}
 	medians := map[string]float64{}
-	for _, mode := range []string{"guarded", "one", "recipe"} {
+	for _, mode := range []string{"guarded", "one", "guarded+prepare", "one+prepare", "recipe"} {
 		s := start(mode)
 		defer s.stop()
 		replayed := "replay-" + random()
@@ -109,19 +113,20 @@ func run(batches int) {
 			k.trips += k.server.stats() - before
 		}
 	}
-	fmt.Printf("%d sequential requests of each kind, latency in µs"+
-		" (guarded: two transactions; one: one transaction; recipe: hand-written):\n", batches*batch)
-	fmt.Printf("%-15s%8s%8s%13s\n", "request", "median", "p90", "round trips")
+	fmt.Printf("%d sequential requests of each kind, latency in µs (guarded: two transactions; one: one"+
+		" transaction; +prepare: Options.Prepare; recipe: hand-written):\n", batches*batch)
+	fmt.Printf("%-23s%8s%8s%13s\n", "request", "median", "p90", "round trips")
 	for _, k := range kinds {
 		sort.Slice(k.latencies, func(i, j int) bool { return k.latencies[i] < k.latencies[j] })
 		medians[k.name] = micros(quantile(k.latencies, 0.5))
-		fmt.Printf("%-15s%8.0f%8.0f%13.1f\n", k.name, medians[k.name],
+		fmt.Printf("%-23s%8.0f%8.0f%13.1f\n", k.name, medians[k.name],
 			micros(quantile(k.latencies, 0.9)), float64(k.trips)/float64(len(k.latencies)))
 	}
 	fmt.Printf("\nours ÷ hand-written (the recipe's median over ours; above 1.0x ours is faster):\n")
-	fmt.Printf("%-18s%8s%8s\n", "mode", "fresh", "replay")
-	for _, mode := range [][2]string{{"guarded", "two transactions"}, {"one", "one transaction"}} {
-		fmt.Printf("%-18s%7.2fx%7.2fx\n", mode[1], medians["recipe fresh"]/medians[mode[0]+" fresh"],
+	fmt.Printf("%-28s%8s%8s\n", "mode", "fresh", "replay")
+	for _, mode := range [][2]string{{"guarded", "two transactions"}, {"one", "one transaction"},
+		{"guarded+prepare", "two transactions, Prepare"}, {"one+prepare", "one transaction, Prepare"}} {
+		fmt.Printf("%-28s%7.2fx%7.2fx\n", mode[1], medians["recipe fresh"]/medians[mode[0]+" fresh"],
 			medians["recipe replay"]/medians[mode[0]+" replay"])
 	}
 }
@@ -235,8 +240,10 @@ var counter roundtrip.Counter
 // serve serves the payment route of mode (guarded, one, recipe or plain) on 127.0.0.1
 // and prints its address; it exits when its standard input closes.
 func serve(mode string) {
+	stopProfile := profile(mode)
 	go func() { // the benchmark has ended, or died
 		io.Copy(io.Discard, os.Stdin)
+		stopProfile()
 		os.Exit(0)
 	}()
 	ctx := context.Background()
@@ -265,8 +272,9 @@ func serve(mode string) {
 	}
 	var payments http.Handler
 	switch mode {
-	case "guarded", "one":
-		payments = idempotency.Middleware(pool, idempotency.Options{OneTransaction: mode == "one"})(http.HandlerFunc(
+	case "guarded", "one", "guarded+prepare", "one+prepare":
+		opts := idempotency.Options{OneTransaction: strings.HasPrefix(mode, "one"), Prepare: strings.HasSuffix(mode, "+prepare")}
+		payments = idempotency.Middleware(pool, opts)(http.HandlerFunc(
 			func(w http.ResponseWriter, r *http.Request) { charge(w, r, idempotency.Tx(r.Context())) }))
 	case "recipe":
 		payments = handWritten(pool, payment)
@@ -294,6 +302,24 @@ func serve(mode string) {
 	}
 	fmt.Println(l.Addr())
 	log.Fatal(http.Serve(l, mux))
+}
+
+// profile writes the CPU profile of the server of mode to
+// $PROFILE_DIR/mode.pprof (go tool pprof reads it), when PROFILE_DIR is set;
+// it returns what ends it.
+func profile(mode string) func() {
+	dir := os.Getenv("PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, mode+".pprof"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		log.Fatal(err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }
 }
 
 // charge inserts the request's charge through tx and answers 201 (400 for

@@ -23,7 +23,7 @@ func serveChain(t *testing.T, db Pool, opts Options, chain func(guard func(http.
 		opts.Logger = quiet
 	}
 	opts.OneTransaction = opts.OneTransaction || oneTransaction
-	srv := httptest.NewUnstartedServer(chain(newGuard(pgxStore{db}, opts).middleware))
+	srv := httptest.NewUnstartedServer(chain(newGuard(pgxStore{Pool: db}, opts).middleware))
 	srv.Config.ErrorLog = quiet
 	srv.Start()
 	srv.Client().Timeout = 20 * time.Second

@@ -42,6 +42,9 @@ type RunOptions struct {
 	Final          func(error) bool
 	Logger         *log.Logger          // default the log package's
 	TracerProvider trace.TracerProvider // the spans of the middleware; nil: the global one
+	// Prepare sends Run's statements prepared once per connection, as
+	// Options.Prepare does the middleware's.
+	Prepare bool
 }
 
 // ErrInProgress matches (errors.Is) every *InProgressError.
@@ -102,7 +105,7 @@ const (
 // claiming again with the call's token, as the middleware does.
 func Run[T any](ctx context.Context, pool Pool, w Work, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...RunOptions) (T, error) {
 	var value, zero T
-	f, c, err := newFunction(pgxStore{pool}, w, opts)
+	f, c, err := newFunction(pgxStore{Pool: pool, prepare: len(opts) > 0 && opts[0].Prepare}, w, opts)
 	if err != nil {
 		return zero, err
 	}

@@ -18,6 +18,11 @@ import (
 // (IDEMPOTENCY_ONE_TRANSACTION=on; clients/go/test runs them both ways).
 var oneTransaction = os.Getenv("IDEMPOTENCY_ONE_TRANSACTION") == "on"
 
+// prepareAll runs the middleware's tests on pgx with its statements
+// prepared (IDEMPOTENCY_PREPARE=on; clients/go/test runs the one-transaction
+// pass so).
+var prepareAll = os.Getenv("IDEMPOTENCY_PREPARE") == "on"
+
 // pool is a pool on DATABASE_URL, a database with the extension; sqlDB is
 // the same database through database/sql.
 var (

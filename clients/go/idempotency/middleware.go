@@ -62,6 +62,13 @@ type Options struct {
 	// stored, the handler's writes roll back, the key is free. nil: stored
 	// as sent.
 	Redact func(status int, header http.Header, body []byte) (http.Header, []byte)
+	// Prepare sends the middleware's statements (claim, complete, release)
+	// as statements prepared once per connection, so that the server parses
+	// and plans them once, not on every call. Behind a transaction pooler
+	// it needs one that keeps them (pgbouncer 1.21 or later with
+	// max_prepared_statements). false: unnamed, through any pooler.
+	// MiddlewareSQL sends them unnamed either way.
+	Prepare bool
 }
 
 // DefaultWait is how long, with OneTransaction, a request waits for a
@@ -132,7 +139,7 @@ type guard struct {
 // transaction (Tx) that commits with the stored response. It panics on a
 // negative Lease, Retention or MaxBodyBytes.
 func Middleware(pool Pool, opts Options) func(http.Handler) http.Handler {
-	return newGuard(pgxStore{pool}, opts).middleware
+	return newGuard(pgxStore{Pool: pool, prepare: opts.Prepare}, opts).middleware
 }
 
 // MiddlewareSQL is Middleware on database/sql: db is opened with pgx's
@@ -465,7 +472,9 @@ func (g *guard) runClaimed(w http.ResponseWriter, r *http.Request, next http.Han
 			g.claimFailed(w, r, next, err)
 			return
 		case t.Outcome != New:
-			g.rollback(tx)
+			// The transaction only read what had committed: answer, and end
+			// it meanwhile, a round trip less before the reply.
+			go g.rollback(tx)
 			answerAfterLoss(w, t, rec)
 			return
 		case runs > maxRuns:

@@ -70,7 +70,7 @@ func send(t *testing.T, srv *httptest.Server, c call) reply {
 
 // serve starts a test server of handler h behind the middleware.
 func serve(t *testing.T, db Pool, opts Options, h http.HandlerFunc) *httptest.Server {
-	return serveGuarded(t, pgxStore{db}, opts, h)
+	return serveGuarded(t, pgxStore{Pool: db, prepare: opts.Prepare || prepareAll}, opts, h)
 }
 
 // serveGuarded starts a test server of handler h behind the middleware on db.

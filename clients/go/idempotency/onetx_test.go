@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -15,12 +16,72 @@ import (
 // transaction or two, whatever IDEMPOTENCY_ONE_TRANSACTION says.
 func serveMode(t *testing.T, db Pool, one bool, opts Options, h http.HandlerFunc) *httptest.Server {
 	opts.Logger, opts.OneTransaction = quiet, one
-	srv := httptest.NewUnstartedServer(newGuard(pgxStore{db}, opts).middleware(h))
+	srv := httptest.NewUnstartedServer(newGuard(pgxStore{Pool: db}, opts).middleware(h))
 	srv.Config.ErrorLog = quiet
 	srv.Start()
 	srv.Client().Timeout = 20 * time.Second
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// waitIdle waits until no connection of db is in use.
+func waitIdle(t *testing.T, db *pgxpool.Pool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); db.Stat().AcquiredConns() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a connection is still in use")
+		}
+	}
+}
+
+// gatedStore is a store whose transactions roll back once gate opens.
+type gatedStore struct {
+	store
+	gate *gate
+}
+
+func (s *gatedStore) beginClaim(ctx context.Context, p ClaimParams) (txn, *Ticket, error) {
+	tx, t, err := s.store.beginClaim(ctx, p)
+	if tx != nil {
+		tx = gatedTxn{tx, s.gate}
+	}
+	return tx, t, err
+}
+
+type gatedTxn struct {
+	txn
+	gate *gate
+}
+
+func (t gatedTxn) rollback(ctx context.Context) error {
+	t.gate.wait()
+	return t.txn.rollback(ctx)
+}
+
+// In one transaction, a replay, a mismatch and a 409 are answered before
+// their transaction, which only read, has rolled back: one round trip
+// before the reply, as in two.
+func TestOneTransactionAnswersBeforeRollback(t *testing.T) {
+	var runs int32
+	gated := &gatedStore{store: pgxStore{Pool: pool}}
+	srv := serveGuarded(t, gated, Options{OneTransaction: true}, charge(&runs))
+	gated.gate = newGate(t) // after the server: its cleanup opens the gate first
+	c := keyed(uniqueKey(t), `{}`)
+	if r := send(t, srv, c); r.status != 201 {
+		t.Fatalf("fresh: %d %s", r.status, r.body)
+	}
+	other := c
+	other.body = `{"other":1}`
+	for _, want := range []struct {
+		c      call
+		status int
+	}{{c, 201}, {other, 422}} {
+		replied := make(chan reply, 1)
+		go func() { replied <- send(t, srv, want.c) }()
+		if r := receive(t, replied); r.status != want.status {
+			t.Fatalf("%d %s; want %d", r.status, r.body, want.status)
+		}
+	}
 }
 
 // modes names the two forms of the middleware.
@@ -80,6 +141,7 @@ func TestRoundTrips(t *testing.T) {
 				if r := send(t, srv, c); r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" {
 					t.Fatalf("replay %d: %d", i, r.status)
 				}
+				waitIdle(t, counted) // one transaction: the replay's ROLLBACK may follow its answer
 				if got := [2]int64{fresh, counter.Count() - before}; got != want[one] {
 					t.Fatalf("round trips (fresh, replay) %v, want %v", got, want[one])
 				}

@@ -85,7 +85,7 @@ func (t lossyTxn) finish(ctx context.Context, c *completion) error {
 // newLossy is a lossy store on the pool: loseClaim picks the claims whose
 // answer is lost (nil: none), and the first commits COMMITs lose theirs.
 func newLossy(loseClaim func(int32) bool, commits int32, rollBack bool) *lossy {
-	return newLossyOn(pgxStore{pool}, loseClaim, commits, rollBack)
+	return newLossyOn(pgxStore{Pool: pool}, loseClaim, commits, rollBack)
 }
 
 // newLossyOn is newLossy on store s.

@@ -39,12 +39,48 @@ type completion struct {
 }
 
 // pgxStore is a Pool (*pgxpool.Pool) as a store: BEGIN travels with the
-// claim, and complete with COMMIT, each pair in one batch.
-type pgxStore struct{ Pool }
+// claim, and complete with COMMIT, each pair in one batch. With prepare,
+// the statements of the package go prepared on each connection.
+type pgxStore struct {
+	Pool
+	prepare bool
+}
+
+// QueryRow runs a query of one row on a connection of the pool; with
+// prepare, as a statement prepared on that connection, once more on another
+// connection when that one had lost it.
+func (s pgxStore) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if !s.prepare {
+		return s.Pool.QueryRow(ctx, sql, args...)
+	}
+	return rowFunc(func(dest ...any) error {
+		err := s.queryPrepared(ctx, sql, args, dest)
+		if SQLState(err) == "26000" {
+			err = s.queryPrepared(ctx, sql, args, dest)
+		}
+		return err
+	})
+}
+
+// queryPrepared runs sql prepared on a connection of the pool and scans its
+// row into dest.
+func (s pgxStore) queryPrepared(ctx context.Context, sql string, args, dest []any) error {
+	conn, err := s.Pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := prepared(ctx, conn.Conn(), sql); err != nil {
+		return err
+	}
+	err = conn.QueryRow(ctx, sql, args...).Scan(dest...)
+	closeIfStale(ctx, conn.Conn(), err)
+	return err
+}
 
 // begin opens the handler's transaction on a connection of the pool.
 func (s pgxStore) begin(ctx context.Context) (txn, error) {
-	tx, _, err := beginTx(ctx, s.Pool, nil)
+	tx, _, err := beginTx(ctx, s.Pool, nil, s.prepare)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +89,7 @@ func (s pgxStore) begin(ctx context.Context) (txn, error) {
 
 // beginClaim sends BEGIN and the claim in one batch.
 func (s pgxStore) beginClaim(ctx context.Context, p ClaimParams) (txn, *Ticket, error) {
-	tx, t, err := beginTx(ctx, s.Pool, &p)
+	tx, t, err := beginTx(ctx, s.Pool, &p, s.prepare)
 	if err != nil {
 		return nil, nil, err
 	}

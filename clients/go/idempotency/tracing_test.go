@@ -123,7 +123,7 @@ func spanNames(spans tracetest.SpanStubs) []string {
 // transaction or two) whose spans go to tp, behind tracing middleware that
 // starts a span per request.
 func serveTraced(t *testing.T, tp trace.TracerProvider, one bool, h http.HandlerFunc) *httptest.Server {
-	guarded := newGuard(pgxStore{pool}, Options{TracerProvider: tp, OneTransaction: one, Logger: quiet}).middleware(h)
+	guarded := newGuard(pgxStore{Pool: pool}, Options{TracerProvider: tp, OneTransaction: one, Logger: quiet}).middleware(h)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, span := tp.Tracer("test").Start(r.Context(), "request")
 		defer span.End()

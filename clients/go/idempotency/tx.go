@@ -30,6 +30,7 @@ type connTx struct {
 	ended      bool              // committed or rolled back, and the connection given back
 	contexts   []context.Context // the contexts the handler used on it (the first few)
 	savepoints int64             // how many Begin made
+	prepare    bool              // the middleware's statements go prepared (Options.Prepare)
 }
 
 // maxContexts bounds the contexts a transaction keeps.
@@ -160,12 +161,21 @@ func (s *savepoint) end(ctx context.Context, how string) error {
 
 // beginTx acquires a connection and begins a transaction on it; with p, the
 // claim travels in the same batch (one round trip), inside the transaction.
-func beginTx(ctx context.Context, pool Pool, p *ClaimParams) (*connTx, *Ticket, error) {
+func beginTx(ctx context.Context, pool Pool, p *ClaimParams, prepare bool) (*connTx, *Ticket, error) {
+	tx, ticket, err := beginOn(ctx, pool, p, prepare)
+	if prepare && SQLState(err) == "26000" { // that connection lost its statements and is closed: once more
+		tx, ticket, err = beginOn(ctx, pool, p, prepare)
+	}
+	return tx, ticket, err
+}
+
+// beginOn is beginTx, once.
+func beginOn(ctx context.Context, pool Pool, p *ClaimParams, prepare bool) (*connTx, *Ticket, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	t := &connTx{conn: conn}
+	t := &connTx{conn: conn, prepare: prepare}
 	stmts := []statement{{sql: "BEGIN"}}
 	var ticket *Ticket
 	if p != nil {
@@ -175,7 +185,7 @@ func beginTx(ctx context.Context, pool Pool, p *ClaimParams) (*connTx, *Ticket, 
 				return err
 			}})
 	}
-	if err := sendUnnamed(ctx, conn.Conn(), stmts...); err != nil {
+	if err := sendBatch(ctx, conn.Conn(), prepare, stmts...); err != nil {
 		t.rollback(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}
@@ -212,7 +222,7 @@ func (t *connTx) finish(ctx context.Context, c *completion) error {
 		}
 		return nil
 	}})
-	err := sendUnnamed(ctx, t.conn.Conn(), stmts...)
+	err := sendBatch(ctx, t.conn.Conn(), t.prepare, stmts...)
 	if pg := t.conn.Conn().PgConn(); err == nil || pg.IsClosed() || pg.TxStatus() == 'I' {
 		t.ended = true
 		t.conn.Release()
@@ -226,11 +236,11 @@ func (t *connTx) finish(ctx context.Context, c *completion) error {
 // transaction is left failed.
 func (t *connTx) commitWith(ctx context.Context, sql string, args []any) error {
 	return t.use(ctx, func(c *pgx.Conn) error {
-		return sendUnnamed(ctx, c, statement{sql: sql, args: args}, statement{sql: "COMMIT"}, statement{sql: "BEGIN"})
+		return sendBatch(ctx, c, t.prepare, statement{sql: sql, args: args}, statement{sql: "COMMIT"}, statement{sql: "BEGIN"})
 	})
 }
 
-// statement is one statement of sendUnnamed, and what reads its answer.
+// statement is one statement of sendBatch, and what reads its answer.
 type statement struct {
 	sql  string
 	args []any
@@ -240,24 +250,41 @@ type statement struct {
 	read func(row pgx.Row, tag pgconn.CommandTag) error
 }
 
-// sendUnnamed sends stmts in one round trip, each as an unnamed statement
-// with its arguments as text, as pgx's QueryExecModeExec does: pgx's
-// batches take the connection's DefaultQueryExecMode, whose default names
-// prepared statements that a transaction pooler does not keep (see
-// unnamed). The pool's pgx.BatchTracer (otelpgx, say) sees it as it would
-// see a pgx batch. Returns the first error of a read, or the batch's.
-func sendUnnamed(ctx context.Context, conn *pgx.Conn, stmts ...statement) error {
+// sendBatch sends stmts in one round trip. Unless prepare, each goes as an
+// unnamed statement with its arguments as text, as pgx's QueryExecModeExec
+// does: pgx's batches take the connection's DefaultQueryExecMode, whose
+// default names prepared statements that a transaction pooler before
+// pgbouncer 1.21 does not keep (see unnamed). With prepare, each statement
+// with arguments is prepared once on the connection (see prepared) and
+// only bound and executed. The pool's pgx.BatchTracer (otelpgx, say) sees
+// it as it would see a pgx batch. Returns the first error of a read, or
+// the batch's.
+func sendBatch(ctx context.Context, conn *pgx.Conn, prepare bool, stmts ...statement) error {
 	var eqb pgx.ExtendedQueryBuilder
 	batch := &pgconn.Batch{}
 	for _, s := range stmts {
-		if err := eqb.Build(conn.TypeMap(), nil, s.args); err != nil {
+		if !prepare || s.args == nil {
+			if err := eqb.Build(conn.TypeMap(), nil, s.args); err != nil {
+				return err
+			}
+			batch.ExecParams(s.sql, eqb.ParamValues, nil, eqb.ParamFormats, eqb.ResultFormats)
+			continue
+		}
+		sd, err := prepared(ctx, conn, s.sql)
+		if err != nil {
 			return err
 		}
-		batch.ExecParams(s.sql, eqb.ParamValues, nil, eqb.ParamFormats, eqb.ResultFormats)
+		if err := eqb.Build(conn.TypeMap(), sd, s.args); err != nil {
+			return err
+		}
+		batch.ExecStatement(sd, eqb.ParamValues, eqb.ParamFormats, eqb.ResultFormats)
 	}
 	ctx, done := traceBatch(ctx, conn, stmts)
 	results, err := conn.PgConn().ExecBatch(ctx, batch).ReadAll()
 	done(results, err)
+	if prepare && err != nil {
+		closeIfStale(ctx, conn, err)
+	}
 	for i, s := range stmts {
 		if s.read == nil {
 			continue
@@ -280,6 +307,26 @@ func sendUnnamed(ctx context.Context, conn *pgx.Conn, stmts ...statement) error 
 		}
 	}
 	return err
+}
+
+// prepared returns sql prepared on conn, preparing it (one round trip) the
+// first time. pgx keeps it by its text: conn's Query, QueryRow and Exec of
+// that text use it too, whatever their QueryExecMode.
+func prepared(ctx context.Context, conn *pgx.Conn, sql string) (*pgconn.StatementDescription, error) {
+	return conn.Prepare(ctx, sql, sql)
+}
+
+// closeIfStale closes conn when err says that the server lost a statement
+// prepared on it (26000: DEALLOCATE or DISCARD ALL, a pooler that moved the
+// session) or can no longer run it (0A000: its result type changed): pgx
+// would go on using it, and the server may have lost the others too. The
+// pool replaces a closed connection. True when it closed conn.
+func closeIfStale(ctx context.Context, conn *pgx.Conn, err error) bool {
+	if code := SQLState(err); code != "26000" && code != "0A000" {
+		return false
+	}
+	conn.Close(context.WithoutCancel(ctx))
+	return true
 }
 
 // traceBatch tells the connection's pgx.BatchTracer, if any, that stmts
