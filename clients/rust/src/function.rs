@@ -301,7 +301,7 @@ impl Function {
 
     /// Where this function's claims go.
     fn flow(&self) -> Flow<'_> {
-        Flow { pool: &self.pool, one_transaction: self.one_transaction }
+        Flow { pool: &self.pool, one_transaction: self.one_transaction, prepare: false }
     }
 }
 
