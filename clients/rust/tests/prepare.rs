@@ -3,15 +3,20 @@
 //! (pg_prepared_statements of a pool of one connection lists them; without
 //! the option it lists neither), and the layer answers as it does without
 //! it: the handler's answer, its replay, a mismatch, a 5xx rolled back with
-//! its key freed.
+//! its key freed, the lease and retention given.
 
 mod common;
+
+use std::time::Duration;
 
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, Response};
 use common::{count_rows, create_table, options, pool_with, post, serve, unique};
 use pg_idempotency::{IdempotencyLayer, Tx, lookup};
 use sqlx::PgPool;
+
+/// The layer's retention, which the record's expiry shows.
+const RETENTION: Duration = Duration::from_micros(3_600_000_123);
 
 /// Serves, behind `layer`, a handler that charges a row of `table` through
 /// its `Tx` and answers 201 `{"charge": id}`, or 500 when the body is `fail`.
@@ -44,12 +49,18 @@ async fn exchange(one_transaction: bool, prepare: bool) -> (usize, usize) {
     let pool = pool_with(options(), 1);
     let table = unique("prepare_charges");
     create_table(&pool, &table).await;
-    let layer = IdempotencyLayer::new(pool.clone()).one_transaction(one_transaction).prepare(prepare);
+    let layer = IdempotencyLayer::new(pool.clone())
+        .one_transaction(one_transaction)
+        .prepare(prepare)
+        .lease(Duration::from_secs(30))
+        .retention(RETENTION);
     let address = charging(layer, &table).await;
     let key = unique("prepare");
 
     let first = post(address, &key, b"{}", &[]).await;
     assert_eq!(first.status, 201, "{first:?}");
+    let record = lookup(&pool, &key, Some("")).await.unwrap().expect("the record");
+    assert_eq!(record.expires_at.duration_since(record.created_at).unwrap(), RETENTION, "the retention as bound");
     let again = post(address, &key, b"{}", &[]).await;
     assert_eq!((again.status, &again.body), (201, &first.body), "{again:?}");
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
