@@ -1,4 +1,4 @@
-//! `IdempotencyLayer::prepare(true)` against the database, in both modes:
+//! `IdempotencyLayer::prepare(true)` (and `Function::prepare`) against the database, in both modes:
 //! the claim and `complete` are statements prepared on the connection
 //! (pg_prepared_statements of a pool of one connection lists them; without
 //! the option it lists neither), and the layer answers as it does without
@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, Response};
 use common::{count_rows, create_table, options, pool_with, post, serve, unique};
-use pg_idempotency::{IdempotencyLayer, Tx, lookup};
+use pg_idempotency::{Function, IdempotencyLayer, Tx, lookup};
 use sqlx::PgPool;
 
 /// The layer's retention, which the record's expiry shows.
@@ -88,4 +88,25 @@ async fn prepare_prepares_claim_and_complete_in_one_transaction() {
 async fn without_prepare_nothing_of_the_layer_is_prepared() {
     assert_eq!(exchange(false, false).await, (0, 0));
     assert_eq!(exchange(true, false).await, (0, 0));
+}
+
+/// A function's first run and its duplicate on a pool of one connection;
+/// returns how many statements calling claim and complete it prepared.
+async fn function_calls(one_transaction: bool, prepare: bool) -> (usize, usize) {
+    let pool = pool_with(options(), 1);
+    let function = Function::new(pool.clone()).one_transaction(one_transaction).prepare(prepare);
+    let key = unique("prepare_function");
+    for _ in 0..2 {
+        let answer: i32 = function.run(&key, &1, |_| async { Ok::<_, String>(7) }).await.unwrap();
+        assert_eq!(answer, 7);
+    }
+    (prepared_calls(&pool, "idempotency.claim(").await, prepared_calls(&pool, "idempotency.complete(").await)
+}
+
+#[tokio::test]
+async fn a_function_prepares_claim_and_complete_only_when_asked() {
+    for one_transaction in [false, true] {
+        assert_eq!(function_calls(one_transaction, true).await, (1, 1));
+        assert_eq!(function_calls(one_transaction, false).await, (0, 0));
+    }
 }
