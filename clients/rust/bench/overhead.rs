@@ -6,9 +6,10 @@
 //!     DATABASE_URL=... clients/rust/bench/overhead [REQUESTS]
 //!
 //! The payment route (insert a charge, answer 201 `{"charge": id}`) is
-//! served four times by axum, each in a process of its own on 127.0.0.1:
+//! served six times by axum, each in a process of its own on 127.0.0.1:
 //! "guarded", behind `IdempotencyLayer`, writing through its `Tx`; "one",
-//! the same in the layer's one-transaction mode; "recipe", under the
+//! the same in the layer's one-transaction mode; "guarded+prepare" and
+//! "one+prepare", the same with the layer's `prepare(true)`; "recipe", under the
 //! hand-written recipe (`recipe` below: no idempotency library); and
 //! "plain", in a transaction of its own per request (`pool.begin()`,
 //! insert, `commit()`), each on the same kind of `PgPool` (SQLx's
@@ -94,17 +95,36 @@ fn main() {
         );
     }
     println!("\nours ÷ hand-written (the recipe's median over ours; above 1.0x ours is faster):");
-    println!("{:<18}{:>8}{:>8}", "mode", "fresh", "replay");
-    for (mode, first) in [("two transactions", 1), ("one transaction", 3)] {
-        println!("{:<18}{:>7.2}x{:>7.2}x", mode, medians[5] / medians[first], medians[6] / medians[first + 1]);
+    println!("{:<28}{:>8}{:>8}", "mode", "fresh", "replay");
+    let recipe = KINDS.len() - 2;
+    for (mode, first) in [
+        ("two transactions", 1),
+        ("one transaction", 3),
+        ("two transactions, prepare", 5),
+        ("one transaction, prepare", 7),
+    ] {
+        println!("{:<28}{:>7.2}x{:>7.2}x", mode, medians[recipe] / medians[first], medians[recipe + 1] / medians[first + 1]);
     }
 }
 
 /// The kinds of request, in the order they take turns.
-const KINDS: [&str; 7] = ["plain", "fresh", "replay", "one fresh", "one replay", "recipe fresh", "recipe replay"];
+const KINDS: [&str; 11] = [
+    "plain",
+    "fresh",
+    "replay",
+    "one fresh",
+    "one replay",
+    "prep fresh",
+    "prep replay",
+    "one prep fresh",
+    "one prep replay",
+    "recipe fresh",
+    "recipe replay",
+];
 
-/// The servers' modes: kind 0 goes to the first, kinds 1 and 2 to the second, and so on.
-const MODES: [&str; 4] = ["plain", "guarded", "one", "recipe"];
+/// The servers' modes: kind 0 goes to the first, kinds 1 and 2 to the
+/// second, and so on. "+prepare": the layer's `prepare(true)`.
+const MODES: [&str; 6] = ["plain", "guarded", "one", "guarded+prepare", "one+prepare", "recipe"];
 
 /// The server and the Idempotency-Key of request `i` of kind `kind` (an index of KINDS).
 fn request_of(kind: usize, i: usize, run: u128, servers: &mut [BenchServer]) -> (&mut BenchServer, Option<String>) {
@@ -156,13 +176,16 @@ fn count_round_trips() -> Vec<(f64, f64)> {
     let mut servers = start_servers(Some(proxy));
     let run = run_id();
     let mut per_request = Vec::new();
+    let mut sent = 0;
     for kind in 0..KINDS.len() {
         let mut before = (0, 0);
         for i in 0..10 + COUNTED {
             if i == 10 {
                 before = counts.read();
             }
-            let (server, key) = request_of(kind, i as usize, run, &mut servers);
+            // Numbered across kinds: a fresh key of one mode is no other's.
+            sent += 1;
+            let (server, key) = request_of(kind, sent, run, &mut servers);
             server.pay(key.as_deref());
         }
         // The closes of the last request may still be on their way: let them arrive.
@@ -412,9 +435,9 @@ fn serve(mode: &str) {
         .await?;
         sqlx::raw_sql(RECIPE_TABLE).execute(&pool).await?;
         let app = match mode {
-            "guarded" | "one" => Router::new()
+            "guarded" | "one" | "guarded+prepare" | "one+prepare" => Router::new()
                 .route("/payments", post(pay_guarded))
-                .layer(IdempotencyLayer::new(pool).one_transaction(mode == "one")),
+                .layer(IdempotencyLayer::new(pool).one_transaction(mode.starts_with("one")).prepare(mode.ends_with("+prepare"))),
             "recipe" => Router::new().route("/payments", post(pay_recipe)).with_state(pool),
             _ => Router::new().route("/payments", post(pay_plain)).with_state(pool),
         };

@@ -48,6 +48,14 @@ pub(crate) fn claim_sql(key: &str, fingerprint: &[u8], options: &ClaimOptions) -
     ))
 }
 
+/// The claim with its arguments bound, for a statement SQLx prepares once per
+/// connection (the layer's `prepare`): the same columns as [`claim_sql`].
+static CLAIM_BOUND: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {CLAIM_COLUMNS} FROM idempotency.claim($1::text, $2::bytea, $3::text, $4::interval, $5::interval, $6::interval, token => $7::uuid)"
+    )
+});
+
 /// How to claim; every field left `None` takes the database's setting.
 #[derive(Clone, Debug, Default)]
 pub struct ClaimOptions {
@@ -152,8 +160,32 @@ pub async fn claim<'c, E>(db: E, key: &str, fingerprint: &[u8], options: &ClaimO
 where
     E: Executor<'c, Database = Postgres>,
 {
+    claim_as(db, key, fingerprint, options, false).await
+}
+
+/// Claims as [`claim`] does; with `prepared`, as a statement with bound
+/// arguments that SQLx prepares once per connection (one round trip a call
+/// once prepared, but only where named statements live: see the layer's
+/// `prepare`).
+pub(crate) async fn claim_as<'c, E>(db: E, key: &str, fingerprint: &[u8], options: &ClaimOptions, prepared: bool) -> Result<Outcome, Error>
+where
+    E: Executor<'c, Database = Postgres>,
+{
     let call = async {
-        let row = db.fetch_one(sqlx::raw_sql(&claim_sql(key, fingerprint, options)?)).await?;
+        let row = if prepared {
+            sqlx::query(CLAIM_BOUND.as_str())
+                .bind(key)
+                .bind(fingerprint)
+                .bind(options.scope.as_deref())
+                .bind(options.lease)
+                .bind(options.retention)
+                .bind(options.wait)
+                .bind(options.token)
+                .fetch_one(db)
+                .await?
+        } else {
+            db.fetch_one(sqlx::raw_sql(&claim_sql(key, fingerprint, options)?)).await?
+        };
         outcome_of(&row, key, options)
     };
     traced(call_span!("idempotency.claim", key), call, |outcome, span| {
@@ -241,9 +273,19 @@ impl Owner {
     where
         E: Executor<'c, Database = Postgres>,
     {
+        self.complete_as(db, status_code, headers, body, false).await
+    }
+
+    /// Completes as [`Owner::complete`] does; with `prepared`, in a
+    /// statement SQLx prepares once per connection (see the layer's `prepare`).
+    pub(crate) async fn complete_as<'c, E>(&self, db: E, status_code: u16, headers: &[(&str, &str)], body: &[u8], prepared: bool) -> Result<Completion, Error>
+    where
+        E: Executor<'c, Database = Postgres>,
+    {
         // Bound, not literal: the body never enters the statement's text (which
-        // SQLx logs). Unnamed (not persistent), which is safe through a
-        // transaction pooler inside a transaction, where complete belongs.
+        // SQLx logs). Unnamed unless `prepared` (parsed and described in one
+        // round trip, run in a second), which is safe through a transaction
+        // pooler inside a transaction, where complete belongs.
         let call = async {
             let done: String = sqlx::query_scalar(
                 "SELECT idempotency.complete($1::text, $2::int8, $3::int4, $4::bytea, $5::jsonb, $6::text)",
@@ -254,7 +296,7 @@ impl Owner {
             .bind(body)
             .bind(headers_json(headers))
             .bind(self.scope.as_deref())
-            .persistent(false)
+            .persistent(prepared)
             .fetch_one(db)
             .await?;
             Ok(if done == "released" { Completion::Released } else { Completion::Stored })

@@ -7,7 +7,8 @@ use std::time::Duration;
 use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::telemetry::key_hash;
-use crate::{ClaimOptions, Error, Outcome, Owner, claim};
+use crate::client::claim_as;
+use crate::{ClaimOptions, Error, Outcome, Owner};
 
 /// How often a claim whose answer was lost is asked, in all.
 const CLAIM_ATTEMPTS: u32 = 4;
@@ -18,12 +19,14 @@ const CLAIM_BACKOFF: Duration = Duration::from_millis(50);
 /// How often the work may run for one call whose COMMIT's answer was lost.
 pub(crate) const MAX_RUNS: u32 = 3;
 
-/// Where the claims of one caller go: its pool, and whether the claim is
-/// made in the work's transaction.
+/// Where the claims of one caller go: its pool, whether the claim is made
+/// in the work's transaction, and whether claim and complete are prepared
+/// statements.
 #[derive(Clone, Copy)]
 pub(crate) struct Flow<'a> {
     pub(crate) pool: &'a PgPool,
     pub(crate) one_transaction: bool,
+    pub(crate) prepare: bool,
 }
 
 /// What a claim answered, with the transaction it was made in (one
@@ -79,7 +82,7 @@ impl Flow<'_> {
     /// Claims on a connection of its own, committed at once.
     pub(crate) async fn claim_alone(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<Outcome, Error> {
         let mut conn = self.pool.acquire().await?;
-        let result = claim(&mut *conn, key, fingerprint, options).await;
+        let result = claim_as(&mut *conn, key, fingerprint, options, self.prepare).await;
         if matches!(&result, Err(err) if err.is_connection()) {
             conn.close_on_drop();
         }
@@ -91,7 +94,7 @@ impl Flow<'_> {
     /// without holding up the answer).
     async fn begin_claim(&self, key: &str, fingerprint: &[u8], options: &ClaimOptions) -> Result<(Outcome, Option<Transaction<'static, Postgres>>), Error> {
         let mut transaction = self.pool.begin().await?;
-        match claim(&mut *transaction, key, fingerprint, options).await? {
+        match claim_as(&mut *transaction, key, fingerprint, options, self.prepare).await? {
             outcome @ Outcome::New(_) => Ok((outcome, Some(transaction))),
             outcome => {
                 tokio::spawn(async move {
@@ -113,7 +116,7 @@ impl Flow<'_> {
         body: &[u8],
     ) -> Ended {
         if let Some(owner) = owner {
-            match owner.complete(&mut *transaction, status, headers, body).await {
+            match owner.complete_as(&mut *transaction, status, headers, body, self.prepare).await {
                 Ok(_) => {}
                 Err(Error::ClaimLost(_)) => {
                     let _ = transaction.rollback().await;

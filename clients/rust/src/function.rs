@@ -44,6 +44,7 @@ pub struct Function {
     pool: PgPool,
     scope: Option<String>,
     one_transaction: bool,
+    prepare: bool,
     lease: Option<Duration>,
     retention: Option<Duration>,
     wait: Option<Duration>,
@@ -73,6 +74,7 @@ impl Function {
             pool,
             scope: None,
             one_transaction: true,
+            prepare: false,
             lease: None,
             retention: None,
             wait: Some(FUNCTION_WAIT),
@@ -94,6 +96,14 @@ impl Function {
     /// then renewed while it runs, and [`Work::checkpoint`] commits at once.
     pub fn one_transaction(mut self, one_transaction: bool) -> Self {
         self.one_transaction = one_transaction;
+        self
+    }
+
+    /// Whether the claim and `complete` are statements prepared once per
+    /// connection, as [`IdempotencyLayer::prepare`](crate::IdempotencyLayer::prepare)
+    /// says (off by default, for transaction poolers).
+    pub fn prepare(mut self, prepare: bool) -> Self {
+        self.prepare = prepare;
         self
     }
 
@@ -301,7 +311,7 @@ impl Function {
 
     /// Where this function's claims go.
     fn flow(&self) -> Flow<'_> {
-        Flow { pool: &self.pool, one_transaction: self.one_transaction }
+        Flow { pool: &self.pool, one_transaction: self.one_transaction, prepare: self.prepare }
     }
 }
 

@@ -84,6 +84,7 @@ pub struct IdempotencyLayer {
     max_body_bytes: usize,
     scope: Arc<ScopeFn>,
     one_transaction: bool,
+    prepare: bool,
     wait: Option<Duration>,
     key: Option<Arc<KeyFn>>,
     verify: Option<Arc<VerifyFn>>,
@@ -106,6 +107,7 @@ impl IdempotencyLayer {
             max_body_bytes: 1 << 20,
             scope: Arc::new(credential_scope),
             one_transaction: false,
+            prepare: false,
             wait: None,
             key: None,
             verify: None,
@@ -180,6 +182,18 @@ impl IdempotencyLayer {
     /// default (see the README).
     pub fn one_transaction(mut self, one_transaction: bool) -> Self {
         self.one_transaction = one_transaction;
+        self
+    }
+
+    /// Whether the claim and `complete` are sent as statements that SQLx
+    /// prepares once per connection (`true`): one round trip each, not
+    /// parsed and planned again on every call. Off by default, so that the
+    /// layer works through any pooler: turn it on for direct connections, a
+    /// session pooler, or PgBouncer 1.21 or later in transaction mode with
+    /// `max_prepared_statements` set (before 1.21, a statement prepared on
+    /// one server connection is missing on the next).
+    pub fn prepare(mut self, prepare: bool) -> Self {
+        self.prepare = prepare;
         self
     }
 
@@ -557,7 +571,7 @@ impl IdempotencyLayer {
 
     /// Where this layer's claims go.
     fn flow(&self) -> Flow<'_> {
-        Flow { pool: &self.pool, one_transaction: self.one_transaction }
+        Flow { pool: &self.pool, one_transaction: self.one_transaction, prepare: self.prepare }
     }
 
     /// Commits the handler's work with its stored response.
@@ -598,7 +612,7 @@ impl IdempotencyLayer {
         };
         let stored = async {
             let mut transaction = self.pool.begin().await?;
-            let done = owner.complete(&mut *transaction, response.status_code, &pairs(&response), &response.body).await?;
+            let done = owner.complete_as(&mut *transaction, response.status_code, &pairs(&response), &response.body, self.prepare).await?;
             transaction.commit().await?;
             Ok::<_, Error>(done)
         };
@@ -636,7 +650,7 @@ impl IdempotencyLayer {
             },
         };
         if let Some(stored) = server_error.and_then(|(head, body)| self.to_store(head, body)) {
-            match owner.complete(&self.pool, stored.status_code, &pairs(&stored), &stored.body).await {
+            match owner.complete_as(&self.pool, stored.status_code, &pairs(&stored), &stored.body, self.prepare).await {
                 Ok(_) | Err(Error::ClaimLost(_)) => return,
                 Err(_) => {} // too large to store, say: release it
             }
