@@ -209,7 +209,7 @@ public final class Idempotency {
 						rs.getBytes("fingerprint"), rs.getString("state"), rs.getInt("attempt"), lease,
 						rs.getObject("lease_expires_at", OffsetDateTime.class), rs.getString("recovery_point"),
 						rs.getString("recovery_state"), rs.getObject("status_code", Integer.class),
-						Sql.headerLines(rs.getArray("header_lines")), rs.getBytes("body"),
+						Json.readHeaders(rs.getString("headers")), rs.getBytes("body"),
 						rs.getObject("created_at", OffsetDateTime.class),
 						rs.getObject("completed_at", OffsetDateTime.class),
 						rs.getObject("expires_at", OffsetDateTime.class)));
