@@ -44,16 +44,17 @@ final class Sql {
 			+ " l.headers::text AS headers FROM idempotency.lookup(?, ?) l";
 
 	/**
-	 * Prepares sql on db as an unnamed statement each time it runs. pgjdbc would make a statement a
-	 * named server-side one after its fifth use on a connection (prepareThreshold 5), which a transaction
-	 * pooler before pgbouncer 1.21 breaks: the next transaction may run on another server connection,
-	 * where the name does not exist (26000) or is another client's (42P05). The client's statements are
-	 * function calls, cheap to parse, so this costs nothing worth keeping a named statement for.
+	 * Prepares sql on db: as an unnamed statement each time it runs, unless prepared. pgjdbc would make
+	 * a statement a named server-side one after its fifth use on a connection (prepareThreshold 5), which
+	 * a transaction pooler before pgbouncer 1.21 breaks: the next transaction may run on another server
+	 * connection, where the name does not exist (26000) or is another client's (42P05). Prepared, it is
+	 * a named statement from its first use, kept in the connection's statement cache: the server parses
+	 * and plans it once per connection, not on every call.
 	 */
-	static PreparedStatement prepare(Connection db, String sql) throws SQLException {
+	static PreparedStatement prepare(Connection db, boolean prepared, String sql) throws SQLException {
 		PreparedStatement st = db.prepareStatement(sql);
 		if (st.isWrapperFor(PGStatement.class)) {
-			st.unwrap(PGStatement.class).setPrepareThreshold(0);
+			st.unwrap(PGStatement.class).setPrepareThreshold(prepared ? 1 : 0);
 		}
 		return st;
 	}
@@ -64,7 +65,7 @@ final class Sql {
 		switch (Outcome.of(rs.getString("outcome"))) {
 			case NEW:
 				return new ClaimResult.New(req.scope(), req.key(), rs.getLong("fence"), rs.getInt("attempt"),
-						rs.getString("recovery_point"), rs.getString("recovery_state"), created, tracer);
+						rs.getString("recovery_point"), rs.getString("recovery_state"), created, tracer, req.prepared());
 			case REPLAY:
 				return new ClaimResult.Replay(rs.getInt("status_code"), Json.readHeaders(rs.getString("headers")),
 						orEmpty(rs.getBytes("body")), created);
