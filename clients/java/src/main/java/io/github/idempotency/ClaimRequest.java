@@ -17,14 +17,34 @@ import java.util.UUID;
  * @param waitFor how long to wait for an owner in progress; null or zero: answer at once
  * @param token this attempt's id (one per incoming request), so that a claim whose answer was lost can
  *     be asked again; null for none
+ * @param prepared whether the claim, and the calls of the {@code New} it returns, are named server-side
+ *     statements, prepared once per connection (only on a direct connection, or through a pooler that
+ *     keeps prepared statements: PgBouncer 1.21 or later with {@code max_prepared_statements}); false:
+ *     unnamed, parsed and planned on each call, which works through any pooler
  */
 public record ClaimRequest(String scope, String key, byte[] fingerprint, Duration lease, Duration retention,
-		Duration waitFor, UUID token) {
+		Duration waitFor, UUID token, boolean prepared) {
 
 	/** Checks that scope and key are given (a null fingerprint is left to the database: 22004). */
 	public ClaimRequest {
 		Objects.requireNonNull(scope, "scope");
 		Objects.requireNonNull(key, "key");
+	}
+
+	/**
+	 * A claim sent as unnamed statements.
+	 *
+	 * @param scope whose key
+	 * @param key the Idempotency-Key
+	 * @param fingerprint the request's hash
+	 * @param lease the lease, null for the setting
+	 * @param retention the retention, null for the setting
+	 * @param waitFor the longest wait, null for none
+	 * @param token the token, null for none
+	 */
+	public ClaimRequest(String scope, String key, byte[] fingerprint, Duration lease, Duration retention,
+			Duration waitFor, UUID token) {
+		this(scope, key, fingerprint, lease, retention, waitFor, token, false);
 	}
 
 	/**
@@ -47,7 +67,7 @@ public record ClaimRequest(String scope, String key, byte[] fingerprint, Duratio
 	 * @return a copy
 	 */
 	public ClaimRequest withLease(Duration lease) {
-		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token);
+		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token, prepared);
 	}
 
 	/**
@@ -57,7 +77,7 @@ public record ClaimRequest(String scope, String key, byte[] fingerprint, Duratio
 	 * @return a copy
 	 */
 	public ClaimRequest withRetention(Duration retention) {
-		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token);
+		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token, prepared);
 	}
 
 	/**
@@ -67,7 +87,7 @@ public record ClaimRequest(String scope, String key, byte[] fingerprint, Duratio
 	 * @return a copy
 	 */
 	public ClaimRequest withWait(Duration waitFor) {
-		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token);
+		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token, prepared);
 	}
 
 	/**
@@ -77,6 +97,16 @@ public record ClaimRequest(String scope, String key, byte[] fingerprint, Duratio
 	 * @return a copy
 	 */
 	public ClaimRequest withToken(UUID token) {
-		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token);
+		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token, prepared);
+	}
+
+	/**
+	 * This claim, sent as named server-side statements prepared once per connection, or not.
+	 *
+	 * @param prepared true: named statements (a direct connection, or a pooler that keeps them)
+	 * @return a copy
+	 */
+	public ClaimRequest withPrepared(boolean prepared) {
+		return new ClaimRequest(scope, key, fingerprint, lease, retention, waitFor, token, prepared);
 	}
 }

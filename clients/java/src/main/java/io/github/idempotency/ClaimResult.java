@@ -47,9 +47,27 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 	 * @param recoveryState after a takeover, the last owner's state as JSON text; else null
 	 * @param createdAt when the key was first claimed
 	 * @param tracer where the spans of complete and release go; null: the global OpenTelemetry's
+	 * @param prepared whether its calls are named server-side statements ({@link ClaimRequest#prepared})
 	 */
 	record New(String scope, String key, long fence, int attempt, String recoveryPoint, String recoveryState,
-			OffsetDateTime createdAt, Tracer tracer) implements ClaimResult {
+			OffsetDateTime createdAt, Tracer tracer, boolean prepared) implements ClaimResult {
+
+		/**
+		 * A claim that won, whose calls are unnamed statements.
+		 *
+		 * @param scope the claim's scope
+		 * @param key the claim's key
+		 * @param fence the fencing token of this owner
+		 * @param attempt 1, or more for a takeover of an ended lease
+		 * @param recoveryPoint after a takeover, what the last owner checkpointed; else null
+		 * @param recoveryState after a takeover, the last owner's state as JSON text; else null
+		 * @param createdAt when the key was first claimed
+		 * @param tracer where the spans of complete and release go; null: the global OpenTelemetry's
+		 */
+		public New(String scope, String key, long fence, int attempt, String recoveryPoint, String recoveryState,
+				OffsetDateTime createdAt, Tracer tracer) {
+			this(scope, key, fence, attempt, recoveryPoint, recoveryState, createdAt, tracer, false);
+		}
 
 		/**
 		 * A claim that won, whose spans go to the global OpenTelemetry.
@@ -64,7 +82,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 */
 		public New(String scope, String key, long fence, int attempt, String recoveryPoint, String recoveryState,
 				OffsetDateTime createdAt) {
-			this(scope, key, fence, attempt, recoveryPoint, recoveryState, createdAt, null);
+			this(scope, key, fence, attempt, recoveryPoint, recoveryState, createdAt, null, false);
 		}
 
 		@Override
@@ -115,7 +133,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 				String then) throws SQLException {
 			String headersJson = headers == null || headers.isEmpty() ? null : Json.headers(headers);
 			Span span = Telemetry.start(tracer, "complete", key);
-			try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db,
+			try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, prepared,
 					"SELECT idempotency.complete(?, ?, ?, ?, ?::jsonb, ?)" + then)) {
 				st.setString(1, key);
 				st.setLong(2, fence);
@@ -149,7 +167,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		public boolean release(Connection db) throws SQLException {
 			Span span = Telemetry.start(tracer, "release", key);
 			try (Scope ignored = span.makeCurrent();
-					PreparedStatement st = Sql.prepare(db, "SELECT idempotency.release(?, ?, ?)")) {
+					PreparedStatement st = Sql.prepare(db, prepared, "SELECT idempotency.release(?, ?, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
 				st.setString(3, scope);
@@ -180,7 +198,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error
 		 */
 		public OffsetDateTime extend(Connection db, Duration lease) throws SQLException {
-			try (PreparedStatement st = Sql.prepare(db, 
+			try (PreparedStatement st = Sql.prepare(db, prepared,
 					"SELECT idempotency.extend(?, ?, ?::interval, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);
@@ -206,7 +224,7 @@ public sealed interface ClaimResult permits ClaimResult.New, ClaimResult.Replay,
 		 * @throws SQLException another error
 		 */
 		public void checkpoint(Connection db, String recoveryPoint, String recoveryStateJson) throws SQLException {
-			try (PreparedStatement st = Sql.prepare(db, 
+			try (PreparedStatement st = Sql.prepare(db, prepared,
 					"SELECT idempotency.checkpoint(?, ?, ?, ?::jsonb, ?)")) {
 				st.setString(1, key);
 				st.setLong(2, fence);

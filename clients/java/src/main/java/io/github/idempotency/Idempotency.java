@@ -56,7 +56,7 @@ public final class Idempotency {
 	@SuppressWarnings("try") // the span's scope is only closed
 	public static ClaimResult claim(Connection db, ClaimRequest req, Tracer tracer) throws SQLException {
 		Span span = Telemetry.start(tracer, "claim", req.key());
-		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, Sql.CLAIM)) {
+		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, req.prepared(), Sql.CLAIM)) {
 			Sql.setClaim(st, req);
 			st.setString(6, Sql.interval(req.waitFor()));
 			st.setString(7, req.token() == null ? null : req.token().toString());
@@ -164,7 +164,7 @@ public final class Idempotency {
 	private static ClaimResult.Completion claimAndComplete(Connection db, String sql, ClaimRequest req, int statusCode,
 			byte[] body, java.util.Map<String, java.util.List<String>> headers, Tracer tracer) throws SQLException {
 		Span span = Telemetry.start(tracer, "complete", req.key());
-		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, sql)) {
+		try (Scope ignored = span.makeCurrent(); PreparedStatement st = Sql.prepare(db, req.prepared(), sql)) {
 			Sql.setClaim(st, req);
 			st.setInt(6, statusCode);
 			Sql.setBytes(st, 7, body);
@@ -196,7 +196,7 @@ public final class Idempotency {
 	 * @throws SQLException an error of the server or of the connection
 	 */
 	public static Optional<KeyRecord> lookup(Connection db, String scope, String key) throws SQLException {
-		try (PreparedStatement st = Sql.prepare(db, Sql.LOOKUP)) {
+		try (PreparedStatement st = Sql.prepare(db, false, Sql.LOOKUP)) {
 			st.setString(1, key);
 			st.setString(2, scope);
 			try (ResultSet rs = st.executeQuery()) {
@@ -209,7 +209,7 @@ public final class Idempotency {
 						rs.getBytes("fingerprint"), rs.getString("state"), rs.getInt("attempt"), lease,
 						rs.getObject("lease_expires_at", OffsetDateTime.class), rs.getString("recovery_point"),
 						rs.getString("recovery_state"), rs.getObject("status_code", Integer.class),
-						Sql.headerLines(rs.getArray("header_lines")), rs.getBytes("body"),
+						Json.readHeaders(rs.getString("headers")), rs.getBytes("body"),
 						rs.getObject("created_at", OffsetDateTime.class),
 						rs.getObject("completed_at", OffsetDateTime.class),
 						rs.getObject("expires_at", OffsetDateTime.class)));
@@ -233,7 +233,7 @@ public final class Idempotency {
 	 */
 	public static byte[] fingerprint(Connection db, String method, String path, byte[] body, String query)
 			throws SQLException {
-		try (PreparedStatement st = Sql.prepare(db, "SELECT idempotency.fingerprint(?, ?, ?, ?)")) {
+		try (PreparedStatement st = Sql.prepare(db, false, "SELECT idempotency.fingerprint(?, ?, ?, ?)")) {
 			st.setString(1, method);
 			st.setString(2, path);
 			Sql.setBytes(st, 3, body);

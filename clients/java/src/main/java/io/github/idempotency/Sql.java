@@ -1,7 +1,6 @@
 package io.github.idempotency;
 
 import io.opentelemetry.api.trace.Tracer;
-import java.sql.Array;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -9,11 +8,6 @@ import java.sql.SQLException;
 import java.sql.Types;
 import java.time.Duration;
 import java.time.OffsetDateTime;
-import java.util.ArrayList;
-import java.util.Collections;
-import java.util.LinkedHashMap;
-import java.util.List;
-import java.util.Map;
 import org.postgresql.PGStatement;
 
 /** The SQL the client sends, and the conversions between JDBC and its types. */
@@ -21,20 +15,10 @@ final class Sql {
 	private Sql() {
 	}
 
-	/**
-	 * The stored headers (jsonb: a name to a string or an array of strings) as text lines "name: value",
-	 * in the order of the names and then of the values, so that no JSON library is needed.
-	 */
-	private static final String HEADER_LINES = "(SELECT array_agg(h.key || ': ' || v.value ORDER BY h.key, v.n)"
-			+ " FROM jsonb_each(%1$s) h, jsonb_array_elements_text(CASE jsonb_typeof(h.value)"
-			+ " WHEN 'array' THEN h.value ELSE jsonb_build_array(h.value) END) WITH ORDINALITY v(value, n))"
-			+ " AS header_lines";
-
 	/** claim, one round trip. */
 	static final String CLAIM = "SELECT c.outcome, c.fence, c.attempt, c.status_code, c.body, c.recovery_point,"
-			+ " c.recovery_state::text AS recovery_state, c.retry_after, c.created_at, "
-			+ String.format(HEADER_LINES, "c.headers")
-			+ " FROM idempotency.claim(?, ?, ?, ?::interval, ?::interval, ?::interval, ?::uuid) c";
+			+ " c.recovery_state::text AS recovery_state, c.retry_after, c.created_at,"
+			+ " c.headers::text AS headers FROM idempotency.claim(?, ?, ?, ?::interval, ?::interval, ?::interval, ?::uuid) c";
 
 	/**
 	 * A response kept after its one transaction rolled back, claim and all: claim and complete in one
@@ -56,21 +40,21 @@ final class Sql {
 	static final String LOOKUP = "SELECT l.scope, l.key, l.fingerprint, l.state, l.attempt,"
 			+ " (extract(epoch FROM l.lease) * 1000000)::bigint AS lease_us, l.lease_expires_at,"
 			+ " l.recovery_point, l.recovery_state::text AS recovery_state, l.status_code, l.body,"
-			+ " l.created_at, l.completed_at, l.expires_at, "
-			+ String.format(HEADER_LINES, "l.headers")
-			+ " FROM idempotency.lookup(?, ?) l";
+			+ " l.created_at, l.completed_at, l.expires_at,"
+			+ " l.headers::text AS headers FROM idempotency.lookup(?, ?) l";
 
 	/**
-	 * Prepares sql on db as an unnamed statement each time it runs. pgjdbc would make a statement a
-	 * named server-side one after its fifth use on a connection (prepareThreshold 5), which a transaction
-	 * pooler before pgbouncer 1.21 breaks: the next transaction may run on another server connection,
-	 * where the name does not exist (26000) or is another client's (42P05). The client's statements are
-	 * function calls, cheap to parse, so this costs nothing worth keeping a named statement for.
+	 * Prepares sql on db: as an unnamed statement each time it runs, unless prepared. pgjdbc would make
+	 * a statement a named server-side one after its fifth use on a connection (prepareThreshold 5), which
+	 * a transaction pooler before pgbouncer 1.21 breaks: the next transaction may run on another server
+	 * connection, where the name does not exist (26000) or is another client's (42P05). Prepared, it is
+	 * a named statement from its first use, kept in the connection's statement cache: the server parses
+	 * and plans it once per connection, not on every call.
 	 */
-	static PreparedStatement prepare(Connection db, String sql) throws SQLException {
+	static PreparedStatement prepare(Connection db, boolean prepared, String sql) throws SQLException {
 		PreparedStatement st = db.prepareStatement(sql);
 		if (st.isWrapperFor(PGStatement.class)) {
-			st.unwrap(PGStatement.class).setPrepareThreshold(0);
+			st.unwrap(PGStatement.class).setPrepareThreshold(prepared ? 1 : 0);
 		}
 		return st;
 	}
@@ -81,9 +65,9 @@ final class Sql {
 		switch (Outcome.of(rs.getString("outcome"))) {
 			case NEW:
 				return new ClaimResult.New(req.scope(), req.key(), rs.getLong("fence"), rs.getInt("attempt"),
-						rs.getString("recovery_point"), rs.getString("recovery_state"), created, tracer);
+						rs.getString("recovery_point"), rs.getString("recovery_state"), created, tracer, req.prepared());
 			case REPLAY:
-				return new ClaimResult.Replay(rs.getInt("status_code"), headerLines(rs.getArray("header_lines")),
+				return new ClaimResult.Replay(rs.getInt("status_code"), Json.readHeaders(rs.getString("headers")),
 						orEmpty(rs.getBytes("body")), created);
 			case IN_PROGRESS:
 				return new ClaimResult.InProgress(Math.max(1, rs.getInt("retry_after")), created);
@@ -133,21 +117,6 @@ final class Sql {
 			rs.next();
 			return rs.getBoolean(1);
 		}
-	}
-
-	/** The header lines of the query back into a map, in order; empty for NULL. */
-	static Map<String, List<String>> headerLines(Array array) throws SQLException {
-		if (array == null) {
-			return Map.of();
-		}
-		Map<String, List<String>> headers = new LinkedHashMap<>();
-		for (Object line : (Object[]) array.getArray()) {
-			String s = (String) line;
-			int colon = s.indexOf(": ");
-			headers.computeIfAbsent(s.substring(0, colon), k -> new ArrayList<>()).add(s.substring(colon + 2));
-		}
-		headers.replaceAll((k, v) -> Collections.unmodifiableList(v));
-		return Collections.unmodifiableMap(headers);
 	}
 
 	/** bytes, or an empty array for null. */

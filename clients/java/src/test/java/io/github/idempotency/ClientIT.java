@@ -64,6 +64,29 @@ class ClientIT {
 	}
 
 	@Test
+	void storedHeadersComeBackAsStoredThroughClaimAndLookup() throws SQLException {
+		String key = TestDb.uniqueKey("headers");
+		ClaimResult.New ticket = assertInstanceOf(ClaimResult.New.class, claim(key));
+		Map<String, List<String>> headers = new java.util.LinkedHashMap<>();
+		headers.put("X-Quote", List.of("say \"hi\" \\ back/slash, {x: [1]}"));
+		headers.put("X-Control", List.of("tab\there\u0001\u001f"));
+		headers.put("X-Unicode", List.of("caf\u00e9 \u20ac \ud83d\ude00", ""));
+		headers.put("Content-Type", List.of("application/json"));
+		try (Connection c = pool.getConnection()) {
+			c.setAutoCommit(false);
+			ticket.complete(c, 200, null, headers);
+			c.commit();
+		}
+		Map<String, List<String>> byName = new java.util.TreeMap<>(headers);
+		ClaimResult.Replay replay = assertInstanceOf(ClaimResult.Replay.class, claim(key));
+		assertEquals(List.copyOf(byName.entrySet()), List.copyOf(replay.headers().entrySet()));
+		try (Connection c = pool.getConnection()) {
+			assertEquals(List.copyOf(byName.entrySet()),
+					List.copyOf(Idempotency.lookup(c, "acct", key).orElseThrow().headers().entrySet()));
+		}
+	}
+
+	@Test
 	void inProgressThenMismatch() throws SQLException {
 		String key = TestDb.uniqueKey("busy");
 		assertInstanceOf(ClaimResult.New.class, claim(key));

@@ -169,7 +169,7 @@ public class IdempotencyFilter extends HttpFilter {
 		ClaimRequest claim = new ClaimRequest(options.scope().apply(req), key,
 				Fingerprint.of(req.getMethod(), req.getRequestURI(), body.length == 0 ? null : body,
 						query == null || query.isEmpty() ? null : query),
-				options.lease(), options.retention(), options.claimWait(), Idempotency.newToken());
+				options.lease(), options.retention(), options.claimWait(), Idempotency.newToken(), options.prepare());
 		Claim result;
 		try {
 			result = claim(claim);

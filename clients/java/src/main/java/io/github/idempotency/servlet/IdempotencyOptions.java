@@ -23,6 +23,7 @@ public final class IdempotencyOptions {
 	private Duration retryDelay = Duration.ofMillis(50);
 	private Tracer tracer;
 	private boolean oneTransaction;
+	private boolean prepare;
 	private Duration claimWait;
 	private KeySource key;
 	private Verifier verify;
@@ -262,6 +263,23 @@ public final class IdempotencyOptions {
 	 */
 	public IdempotencyOptions oneTransaction(boolean oneTransaction) {
 		this.oneTransaction = oneTransaction;
+		return this;
+	}
+
+	/** @return whether the filter's statements are named server-side statements, prepared once per connection */
+	public boolean prepare() {
+		return prepare;
+	}
+
+	/**
+	 * @param prepare send claim, complete and release as named server-side statements, parsed and planned
+	 *     once per connection (default false: unnamed, parsed and planned on every call, which works
+	 *     through any transaction pooler); only on direct connections or through a pooler that keeps
+	 *     prepared statements (PgBouncer 1.21 or later with {@code max_prepared_statements})
+	 * @return this
+	 */
+	public IdempotencyOptions prepare(boolean prepare) {
+		this.prepare = prepare;
 		return this;
 	}
 

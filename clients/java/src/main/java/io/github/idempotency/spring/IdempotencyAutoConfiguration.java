@@ -70,6 +70,7 @@ public class IdempotencyAutoConfiguration {
 				.claimTries(properties.getClaimTries())
 				.retryDelay(properties.getRetryDelay())
 				.oneTransaction(properties.isOneTransaction())
+				.prepare(properties.isPrepare())
 				.claimWait(properties.getClaimWait());
 		openTelemetry.ifUnique(options::openTelemetry);
 		return new IdempotencyFilter(dataSource, new SpringRequestTransactions(transactionManager, dataSource),

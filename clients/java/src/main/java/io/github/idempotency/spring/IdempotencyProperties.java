@@ -40,6 +40,11 @@ public class IdempotencyProperties {
 	 * all in this database.
 	 */
 	private boolean oneTransaction;
+	/**
+	 * Claim, complete and release as named server-side statements, prepared once per connection: only on
+	 * direct connections or through a pooler that keeps them (PgBouncer 1.21+ with max_prepared_statements).
+	 */
+	private boolean prepare;
 	/** How long a duplicate waits for the request it repeats before 409; unset: none, 2s with one-transaction. */
 	private Duration claimWait;
 
@@ -171,6 +176,16 @@ public class IdempotencyProperties {
 	/** @param oneTransaction whether the claim is in the handler's transaction */
 	public void setOneTransaction(boolean oneTransaction) {
 		this.oneTransaction = oneTransaction;
+	}
+
+	/** @return whether the filter's statements are prepared once per connection */
+	public boolean isPrepare() {
+		return prepare;
+	}
+
+	/** @param prepare whether the filter's statements are prepared once per connection */
+	public void setPrepare(boolean prepare) {
+		this.prepare = prepare;
 	}
 
 	/** @return how long a duplicate waits, null for the default */
