@@ -934,14 +934,13 @@ BEGIN
 		RETURN idempotency._claim(me, _claim_hot.key, _claim_hot.fingerprint, _claim_hot.scope, _claim_hot.lease,
 								  _claim_hot.retention, _claim_hot.wait, _claim_hot.token);
 	END IF;
-	-- The caller's record of (scope, key), and whether FORCE ROW LEVEL
-	-- SECURITY binds the table (_claim refuses it): one row whatever there
-	-- is, so one statement tells both.  A record of another role, or a
-	-- second one, is _claim's to order (the first row is taken, in index
-	-- order).
-	SELECT NOT (r.relrowsecurity AND r.relforcerowsecurity) AND k.owner IS NULL AS absent,
-		   NOT (r.relrowsecurity AND r.relforcerowsecurity)
-			 AND k.owner OPERATOR(pg_catalog.=) caller
+	-- The caller's record of (scope, key), unless FORCE ROW LEVEL SECURITY
+	-- binds the table: one row whatever there is, none when forced (then
+	-- _claim refuses it), so one statement tells both.  A record of another
+	-- role, or a second one, is _claim's to order (the first row is taken,
+	-- in index order).
+	SELECT k.owner IS NULL AS absent,
+		   k.owner OPERATOR(pg_catalog.=) caller
 			 AND k.fingerprint OPERATOR(pg_catalog.=) _claim_hot.fingerprint
 			 AND k.state OPERATOR(pg_catalog.=) 'completed'
 			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS replay,
@@ -952,7 +951,8 @@ BEGIN
 		ON k.key OPERATOR(pg_catalog.=) (_claim_hot.key COLLATE "C")
 	   AND k.scope OPERATOR(pg_catalog.=) p_scope
 	   AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
-	WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
+	WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
+	  AND NOT (r.relrowsecurity AND r.relforcerowsecurity);
 	IF rec.absent THEN
 		-- No record: one INSERT, which the primary key settles (waiting, as
 		-- it does, for a transaction inserting the same record).  The clock
