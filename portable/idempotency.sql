@@ -934,14 +934,13 @@ BEGIN
 		RETURN idempotency._claim(me, _claim_hot.key, _claim_hot.fingerprint, _claim_hot.scope, _claim_hot.lease,
 								  _claim_hot.retention, _claim_hot.wait, _claim_hot.token);
 	END IF;
-	-- The caller's record of (scope, key), and whether FORCE ROW LEVEL
-	-- SECURITY binds the table (_claim refuses it): one row whatever there
-	-- is, so one statement tells both.  A record of another role, or a
-	-- second one, is _claim's to order (the first row is taken, in index
-	-- order).
-	SELECT NOT (r.relrowsecurity AND r.relforcerowsecurity) AND k.owner IS NULL AS absent,
-		   NOT (r.relrowsecurity AND r.relforcerowsecurity)
-			 AND k.owner OPERATOR(pg_catalog.=) caller
+	-- The caller's record of (scope, key), unless FORCE ROW LEVEL SECURITY
+	-- binds the table: one row whatever there is, none when forced (then
+	-- _claim refuses it), so one statement tells both.  A record of another
+	-- role, or a second one, is _claim's to order (the first row is taken,
+	-- in index order).
+	SELECT k.owner IS NULL AS absent,
+		   k.owner OPERATOR(pg_catalog.=) caller
 			 AND k.fingerprint OPERATOR(pg_catalog.=) _claim_hot.fingerprint
 			 AND k.state OPERATOR(pg_catalog.=) 'completed'
 			 AND k.expires_at OPERATOR(pg_catalog.>) clock_timestamp() AS replay,
@@ -952,7 +951,8 @@ BEGIN
 		ON k.key OPERATOR(pg_catalog.=) (_claim_hot.key COLLATE "C")
 	   AND k.scope OPERATOR(pg_catalog.=) p_scope
 	   AND (k.owner OPERATOR(pg_catalog.=) caller OR pg_has_role(caller::oid, k.owner::oid, 'USAGE'))
-	WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
+	WHERE r.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass
+	  AND NOT (r.relrowsecurity AND r.relforcerowsecurity);
 	IF rec.absent THEN
 		-- No record: one INSERT, which the primary key settles (waiting, as
 		-- it does, for a transaction inserting the same record).  The clock
@@ -1575,34 +1575,6 @@ $$;
 COMMENT ON FUNCTION idempotency.stats_reset() IS
 	'Zeroes the counters of idempotency.stats (none in the portable edition)';
 
--- The C edition's stats_recount(): the figures here are always counted.
-CREATE FUNCTION idempotency.stats_recount()
-RETURNS boolean
-LANGUAGE sql VOLATILE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT true $$;
-COMMENT ON FUNCTION idempotency.stats_recount() IS
-	'Counts the records in progress again for idempotency.stats: nothing to do in the portable edition, whose figures are always exact';
-
--- The C edition's columns in its order (claims_resumed, of 1.2, last).
-CREATE VIEW idempotency.stats AS
-SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
-	c.takeovers, c.waits, c.completes_stored, c.completes_released, c.releases,
-	c.fence_rejections, c.reaped, c.reaper_runs, c.last_reap_at, c.stats_reset_at,
-	c.last_reap_error, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at,
-	c.claims_resumed
-FROM idempotency._stats_counters() c,
-	LATERAL (SELECT pg_catalog.count(*) AS rows_total,
-					pg_catalog.count(*) FILTER (WHERE k.state
-						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
-						AS rows_in_progress,
-					pg_catalog.min(k.lease_expires_at) FILTER (WHERE k.state
-						OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state)
-						AS oldest_lease_expires_at
-			 FROM ONLY idempotency.keys k) l;
-COMMENT ON VIEW idempotency.stats IS
-	'Counters of the API since start or stats_reset() (NULL here), and live figures of the records';
-
 -- claim's and complete's full paths are called by their work only.
 REVOKE ALL ON FUNCTION idempotency._claim(idempotency._caller_token, text, bytea, text, interval,
 	interval, interval, uuid) FROM PUBLIC;
@@ -1610,66 +1582,78 @@ REVOKE ALL ON FUNCTION idempotency._complete(idempotency._caller_token, text, bi
 	jsonb, text) FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
-REVOKE ALL ON idempotency.stats FROM PUBLIC;
-GRANT SELECT ON idempotency.stats TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._stats_counters() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency._stats_counters() TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;
-REVOKE ALL ON FUNCTION idempotency.stats_recount() FROM PUBLIC;
 
--- 1.3: idempotency.stats reads no more than the records in progress, and
--- idempotency.in_flight lists them for pg_monitor (as in the C edition).
--- The records in progress, oldest first: what idempotency.stats counts and
--- idempotency.in_flight lists, read without scanning the table.  complete()
--- takes a record out of it, which makes complete's update of the row no
--- longer HOT (bench/RESULTS.md measures what that costs); extend() and
--- checkpoint() change none of its columns.
-CREATE INDEX keys_in_progress_idx ON idempotency.keys (created_at)
-	WHERE state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state;
-
--- The live figures of idempotency.stats, at a cost that does not grow with
--- the table: rows_in_progress and oldest_lease_expires_at are exact, read
--- through keys_in_progress_idx (whatever the planner's statistics say,
--- hence enable_seqscan); rows_total is an estimate: the cumulative
--- statistics' live rows, or pg_class.reltuples when those are empty (after
--- a crash or a reset), never below the records in progress, as an exact
--- count would scan the table.
-CREATE FUNCTION idempotency._stats_live(
+-- The live figures of idempotency.stats, as the C edition's without its
+-- shared memory (there is none here): a table of up to 10,000 records is
+-- counted (a scan that stops there) and its figures are exact; a larger
+-- one's rows_in_progress is an estimate from the planner's statistics (the
+-- share of rows with a lease), with oldest_lease_expires_at NULL and
+-- live_figures_exact false.  No index of the records in progress (1.3 to
+-- 1.5 had one, keys_in_progress_idx), so that complete's update is HOT.
+-- rows_total is an estimate: the cumulative statistics' live rows, or
+-- pg_class.reltuples when those are empty (after a crash or a reset), never
+-- below the records in progress.
+CREATE FUNCTION idempotency._stats_figures(
 	OUT rows_total bigint,
 	OUT rows_in_progress bigint,
-	OUT oldest_lease_expires_at timestamptz)
+	OUT oldest_lease_expires_at timestamptz,
+	OUT live_figures_exact boolean)
 RETURNS record
-LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
-SET enable_seqscan TO off
 AS $$
-SELECT GREATEST(pg_catalog.count(*), (
-		SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
-					THEN pg_catalog.pg_stat_get_live_tuples(c.oid)
-					ELSE GREATEST(c.reltuples, 0)::bigint END
-		FROM pg_catalog.pg_class c
-		WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass)),
-	pg_catalog.count(*), pg_catalog.min(k.lease_expires_at)
-FROM ONLY idempotency.keys k
-WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state
+DECLARE
+	small_table constant bigint := 10000;
+	estimate bigint;
+	scanned bigint;
+BEGIN
+	SELECT CASE WHEN pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.>) 0
+				THEN pg_catalog.pg_stat_get_live_tuples(c.oid)
+				ELSE GREATEST(c.reltuples, 0)::bigint END
+	INTO estimate
+	FROM pg_catalog.pg_class c
+	WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass;
+	SELECT pg_catalog.count(*) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state),
+		pg_catalog.min(t.lease_expires_at) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state),
+		pg_catalog.count(*)
+	INTO rows_in_progress, oldest_lease_expires_at, scanned
+	FROM (SELECT k.state, k.lease_expires_at FROM ONLY idempotency.keys k
+		  LIMIT small_table OPERATOR(pg_catalog.+) 1) t;
+	live_figures_exact := scanned OPERATOR(pg_catalog.<=) small_table;
+	IF NOT live_figures_exact THEN
+		SELECT (estimate OPERATOR(pg_catalog.*) (1 OPERATOR(pg_catalog.-) s.null_frac))::bigint
+		INTO rows_in_progress
+		FROM pg_catalog.pg_stats s
+		WHERE s.schemaname OPERATOR(pg_catalog.=) 'idempotency'
+		  AND s.tablename OPERATOR(pg_catalog.=) 'keys'
+		  AND s.attname OPERATOR(pg_catalog.=) 'lease_expires_at';
+		oldest_lease_expires_at := NULL;
+	END IF;
+	rows_total := GREATEST(rows_in_progress, estimate);
+END
 $$;
-COMMENT ON FUNCTION idempotency._stats_live() IS
-	'The live figures behind idempotency.stats, without a scan of the records';
+COMMENT ON FUNCTION idempotency._stats_figures() IS
+	'The live figures behind idempotency.stats, without a scan of more than 10,000 records';
 
 -- The C edition's leases_ended (1.6), for alerting on stuck requests
 -- (contrib/prometheus/queries.yaml): the records in progress whose lease
--- ended between newer_than and older_than ago (both included), counted
--- through keys_in_progress_idx, so always exact.
+-- ended between newer_than and older_than ago (both included), counted as
+-- _stats_figures counts: a table of up to 10,000 records, NULL for a
+-- larger one.
 CREATE FUNCTION idempotency.leases_ended(older_than interval, newer_than interval)
 RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
-SET enable_seqscan TO off
 AS $$
 DECLARE
+	small_table constant bigint := 10000;
 	ended_from timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) newer_than;
 	ended_to timestamptz := pg_catalog.now() OPERATOR(pg_catalog.-) older_than;
 	ended bigint;
+	scanned bigint;
 BEGIN
 	IF older_than IS NULL OR newer_than IS NULL THEN
 		RAISE EXCEPTION 'argument "%" must not be null', CASE WHEN older_than IS NULL
@@ -1685,40 +1669,66 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  HINT = 'The window runs from newer_than ago to older_than ago, e.g. older_than => ''1 minute'', newer_than => ''15 minutes''.';
 	END IF;
-	SELECT pg_catalog.count(*) INTO ended
-	FROM ONLY idempotency.keys k
-	WHERE k.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state
-	  AND k.lease_expires_at OPERATOR(pg_catalog.>=) ended_from
-	  AND k.lease_expires_at OPERATOR(pg_catalog.<=) ended_to;
+	SELECT pg_catalog.count(*) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'in_progress'::idempotency.state
+			AND t.lease_expires_at OPERATOR(pg_catalog.>=) ended_from
+			AND t.lease_expires_at OPERATOR(pg_catalog.<=) ended_to),
+		pg_catalog.count(*)
+	INTO ended, scanned
+	FROM (SELECT k.state, k.lease_expires_at FROM ONLY idempotency.keys k
+		  LIMIT small_table OPERATOR(pg_catalog.+) 1) t;
+	IF scanned OPERATOR(pg_catalog.>) small_table THEN
+		ended := NULL;
+	END IF;
 	RETURN ended;
 END
 $$;
 COMMENT ON FUNCTION idempotency.leases_ended(interval, interval) IS
-	'The records in progress whose lease ended between newer_than and older_than ago, read through keys_in_progress_idx';
+	'The records in progress whose lease ended between newer_than and older_than ago, without a scan of more than 10,000 records (NULL when that cannot be exact)';
 
--- The view above, its live figures from _stats_live.
-CREATE OR REPLACE VIEW idempotency.stats AS
+-- The C edition's stats_recount(): no shared memory here keeps figures to
+-- count again; returns whether they are exact (a table of up to 10,000
+-- records, which idempotency.stats counts).
+CREATE FUNCTION idempotency.stats_recount()
+RETURNS boolean
+LANGUAGE sql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT f.live_figures_exact FROM idempotency._stats_figures() f;
+END;
+COMMENT ON FUNCTION idempotency.stats_recount() IS
+	'Says whether the figures of idempotency.stats are exact: the portable edition keeps none to count again, and counts a table of up to 10,000 records';
+
+-- The C edition's columns in its order (claims_resumed, of 1.2, then
+-- live_figures_exact, of 1.6, last).
+CREATE VIEW idempotency.stats AS
 SELECT c.claims_new, c.claims_replay, c.claims_in_progress, c.claims_mismatch,
 	c.takeovers, c.waits, c.completes_stored, c.completes_released, c.releases,
 	c.fence_rejections, c.reaped, c.reaper_runs, c.last_reap_at, c.stats_reset_at,
 	c.last_reap_error, l.rows_total, l.rows_in_progress, l.oldest_lease_expires_at,
-	c.claims_resumed, true AS live_figures_exact
-FROM idempotency._stats_counters() c, idempotency._stats_live() l;
+	c.claims_resumed, l.live_figures_exact
+FROM idempotency._stats_counters() c, idempotency._stats_figures() l;
+COMMENT ON VIEW idempotency.stats IS
+	'Counters of the API since start or stats_reset() (NULL here), and live figures of the records';
 COMMENT ON COLUMN idempotency.stats.live_figures_exact IS
-	'Whether rows_in_progress and oldest_lease_expires_at are exact: always, read through keys_in_progress_idx';
+	'Whether rows_in_progress and oldest_lease_expires_at are exact: on a table of over 10,000 records, false (the portable edition has no shared memory to keep them)';
 COMMENT ON COLUMN idempotency.stats.rows_total IS
 	'Estimate of the records: live rows from the cumulative statistics (pg_class.reltuples when they have none)';
 COMMENT ON COLUMN idempotency.stats.rows_in_progress IS
-	'Records in progress (exact)';
+	'Records in progress (exact when live_figures_exact, else an estimate)';
 COMMENT ON COLUMN idempotency.stats.oldest_lease_expires_at IS
-	'The earliest end of a lease of a record in progress (exact)';
+	'The earliest end of a lease of a record in progress (exact when live_figures_exact, else NULL)';
+REVOKE ALL ON idempotency.stats FROM PUBLIC;
+GRANT SELECT ON idempotency.stats TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.stats_recount() FROM PUBLIC;
 
 -- The records in progress, oldest first, for whoever monitors the server:
 -- which requests are stuck, since when, on which attempt.  writing: a
 -- transaction that is still running holds the record (an uncommitted
 -- complete, checkpoint, extend or takeover, or a row lock), told by the
--- row's xmax being the id of a transaction in pg_locks.  A function under
--- the view, so that the view does not pin the table's column types.
+-- row's xmax being the id of a transaction in pg_locks.  A scan of the
+-- table (no index of the records in progress: see _stats_figures).  A
+-- function under the view, so that the view does not pin the table's
+-- column types.
 CREATE FUNCTION idempotency._in_flight()
 RETURNS TABLE (scope text, key text, owner name, attempt integer, claimed_at timestamptz,
 			   lease_expires_at timestamptz, recovery_point text, writing boolean)
@@ -1744,8 +1754,8 @@ FROM idempotency._in_flight() f
 ORDER BY f.claimed_at, f.scope, f.key;
 COMMENT ON VIEW idempotency.in_flight IS
 	'The records in progress, oldest first, and whether a transaction is writing each now';
-REVOKE ALL ON FUNCTION idempotency._stats_live() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency._stats_live() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency._stats_figures() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency._stats_figures() TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency.leases_ended(interval, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.leases_ended(interval, interval) TO pg_monitor;
 REVOKE ALL ON FUNCTION idempotency._in_flight() FROM PUBLIC;
