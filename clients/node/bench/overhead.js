@@ -2,7 +2,8 @@
 // Measures what the middleware costs per request: statements sent to the
 // database and latency (median, p99) of a fresh request and of a replay,
 // against the same route without it and under the hand-written recipe
-// (recipe.js), in both of the middleware's modes; prints the speed of each
+// (recipe.js), in both of the middleware's modes (one transaction also with
+// the prepare option, its best mode on a direct connection); prints the speed of each
 // mode against the recipe (the recipe's median latency over the mode's:
 // above 1.0x, the middleware is faster). One client, requests one after
 // another over a kept-alive connection; each server in its own process.
@@ -68,6 +69,8 @@ async function main() {
     { name: 'middleware: replay', mode: 'middleware', key: () => `${prefix}-replay` },
     { name: 'middleware, one transaction: fresh key', mode: 'middleware-one', key: (i) => `${prefix}-fresh1-${i}` },
     { name: 'middleware, one transaction: replay', mode: 'middleware-one', key: () => `${prefix}-replay1` },
+    { name: 'middleware, one transaction, prepared: fresh key', mode: 'middleware-one-prepared', key: (i) => `${prefix}-fresh1p-${i}` },
+    { name: 'middleware, one transaction, prepared: replay', mode: 'middleware-one-prepared', key: () => `${prefix}-replay1p` },
     { name: 'hand-written recipe: fresh key', mode: 'recipe', key: (i) => `${prefix}-freshr-${i}` },
     { name: 'hand-written recipe: replay', mode: 'recipe', key: () => `${prefix}-replayr` },
   ];
@@ -92,7 +95,8 @@ async function main() {
   const median = (name) => cases.find((c) => c.name === name).median;
   console.log('\nours ÷ hand-written (the recipe\'s median latency over ours; above 1.0x ours is faster)\n');
   console.log('| mode | fresh keys | replays |\n| --- | --- | --- |');
-  for (const [mode, prefix] of [['two transactions', 'middleware'], ['one transaction', 'middleware, one transaction']]) {
+  for (const [mode, prefix] of [['two transactions', 'middleware'], ['one transaction', 'middleware, one transaction'],
+    ['one transaction, prepared', 'middleware, one transaction, prepared']]) {
     const ratio = (work) => (median(`hand-written recipe: ${work}`) / median(`${prefix}: ${work}`)).toFixed(2);
     console.log(`| ${mode} | ${ratio('fresh key')}x | ${ratio('replay')}x |`);
   }

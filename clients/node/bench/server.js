@@ -1,7 +1,8 @@
 'use strict';
-// The retried-payment route under one of five set-ups, for bench/overhead.js:
+// The retried-payment route under one of six set-ups, for bench/overhead.js:
 //   middleware   pg-idempotency's middleware (req.db is its transaction)
 //   middleware-one  the same in one-transaction mode
+//   middleware-one-prepared  the same with the prepare option (a direct connection: the best mode)
 //   recipe       the hand-written recipe, no idempotency library (recipe.js)
 //   transaction  no idempotency; a transaction per request (BEGIN ... COMMIT), as the middleware gives
 //   plain        no idempotency, no transaction: the insert alone
@@ -50,6 +51,7 @@ if (mode === 'recipe') {
 } else {
   if (mode === 'middleware') app.use(idempotency(pool));
   else if (mode === 'middleware-one') app.use(idempotency(pool, { oneTransaction: true }));
+  else if (mode === 'middleware-one-prepared') app.use(idempotency(pool, { oneTransaction: true, prepare: true }));
   else if (mode === 'transaction') app.use(transaction);
   else app.use(express.json(), (req, res, next) => { req.db = pool; next(); });
   app.post('/payments', async (req, res) => {

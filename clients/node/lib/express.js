@@ -9,8 +9,7 @@
 // ends); with oneTransaction the claim is in the handler's transaction too.
 // The claim, complete and connection handling are the shared flow (flow.js).
 
-const crypto = require('node:crypto');
-const { fingerprint } = require('./fingerprint');
+const { fingerprint, sha256 } = require('./fingerprint');
 const { idempotencyKeyOf } = require('./key');
 const {
   Flow, positive, connectionLost, statementsGone, together, inOneWrite, transactionHandle,
@@ -58,7 +57,7 @@ function credentialScope(req) {
   for (const name of ['authorization', 'x-api-key']) {
     const credential = req.headers[name];
     if (credential !== undefined)
-      return crypto.createHash('sha256').update(`${name}:${credential}`, 'latin1').digest('hex');
+      return sha256(Buffer.from(`${name}:${credential}`, 'latin1'), 'hex');
   }
   return '';
 }
@@ -94,7 +93,7 @@ function readBody(req, limit) {
         chunks.push(chunk);
       }
     });
-    req.on('end', () => resolve(Buffer.concat(chunks)));
+    req.on('end', () => resolve(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size)));
     req.on('error', reject);
   });
 }
@@ -129,7 +128,7 @@ function holdResponse(res, onEnd) {
     collect(chunk, encoding);
     res.write = write;
     res.end = end;
-    const body = Buffer.concat(chunks);
+    const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     onEnd(body).then(
       (send) => { if (send) res.end(body); },
       (err) => res.destroy(err));

@@ -58,7 +58,7 @@ class ReplayCache {
 
 // Returns the cache's key of a request: scope, key and fingerprint, unambiguous.
 function entryId(scope, key, fp) {
-  return `${scope.length}:${scope}${key.length}:${key}${Buffer.from(fp).toString('base64')}`;
+  return `${scope.length}:${scope}${key.length}:${key}${Buffer.from(fp.buffer, fp.byteOffset, fp.byteLength).toString('base64')}`;
 }
 
 module.exports = { ReplayCache };

@@ -44,12 +44,22 @@ function sqlstateOf(err) {
   return undefined;
 }
 
-// Runs call() inside a span of tracer (none when tracer is null) named
-// name, for key; describe(result) returns { outcome, attempt } for its
+// Runs call(), which returns a promise, inside a span of tracer named name,
+// for key; describe(result) returns { outcome, attempt } for its
 // attributes. A failure sets the span's status to error with the SQLSTATE
-// (no message: it may quote the key) and is thrown again.
-async function traced(tracer, name, key, call, describe) {
-  if (!tracer) return call();
+// (no message: it may quote the key) and is thrown again. Without a tracer:
+// call()'s own promise (no other on the request's path), rejected when it throws.
+function traced(tracer, name, key, call, describe) {
+  if (tracer) return inSpan(tracer, name, key, call, describe);
+  try {
+    return call();
+  } catch (err) {
+    return Promise.reject(err);
+  }
+}
+
+// Runs call() inside a new span of tracer (see traced).
+async function inSpan(tracer, name, key, call, describe) {
   const span = tracer.startSpan(name, { kind: api.SpanKind.INTERNAL });
   const recording = span.isRecording();
   if (recording) span.setAttribute('idempotency.key_hash', keyHash(key));

@@ -50,3 +50,19 @@ test('fingerprint refuses a missing method or path and a body that is not bytes'
   assert.throws(() => fingerprint('POST', undefined), TypeError);
   assert.throws(() => fingerprint('POST', '/', { amount: 1 }), TypeError);
 });
+
+test('without crypto.hash (Node before 20.12) the fingerprints are the same', async () => {
+  const crypto = require('node:crypto');
+  const file = require('node:path').join(require.resolve('pg-idempotency'), '..', 'lib', 'fingerprint.js');
+  const oneShot = crypto.hash;
+  delete require.cache[file];
+  crypto.hash = undefined;
+  try {
+    const older = require(file).fingerprint;
+    for (const [, method, path, body, query] of CASES)
+      assert.deepEqual(older(method, path, body, query), await inDatabase(method, path, body, query));
+  } finally {
+    crypto.hash = oneShot;
+    delete require.cache[file];
+  }
+});
