@@ -4,8 +4,9 @@ POST /webhooks charges once per Standard Webhooks event.
 Environment: DATABASE_URL (a database with CREATE EXTENSION idempotency
 done), PORT (default 5000), HOST (default 127.0.0.1), WEBHOOK_SECRET (the
 webhook endpoint's secret, whsec_...; without it POST /webhooks answers 503); for the tests,
-IDEMPOTENCY_LEASE (unset: the database's idempotency.lease), IDEMPOTENCY_FAIL_OPEN=on and
-IDEMPOTENCY_ONE_TRANSACTION=on (the one-transaction mode).
+IDEMPOTENCY_LEASE (unset: the database's idempotency.lease), IDEMPOTENCY_FAIL_OPEN=on,
+IDEMPOTENCY_ONE_TRANSACTION=on (the one-transaction mode) and IDEMPOTENCY_PREPARE=on
+(the prepare option, for clients/python/bench/overhead).
 """
 
 import os
@@ -49,7 +50,8 @@ def key_scope(req):
 Idempotency(app, pool=pool, scope=key_scope,
             lease=os.environ.get("IDEMPOTENCY_LEASE") or None,  # None: idempotency.lease
             fail_open=os.environ.get("IDEMPOTENCY_FAIL_OPEN") == "on",
-            one_transaction=os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on")
+            one_transaction=os.environ.get("IDEMPOTENCY_ONE_TRANSACTION") == "on",
+            prepare=os.environ.get("IDEMPOTENCY_PREPARE") == "on")
 
 
 @app.get("/")

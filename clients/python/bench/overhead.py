@@ -15,7 +15,9 @@ IdempotencyMiddleware, and the same route without it (a pooled connection
 per request, committed when the route returns), each by uvicorn in a
 process of its own. Each framework's route also runs behind the middleware
 in its one-transaction mode ("one": IDEMPOTENCY_ONE_TRANSACTION=on, which
-the example app reads too) and under the hand-written recipe ("recipe").
+the example app reads too), in both modes with the prepare option
+("+prepare": IDEMPOTENCY_PREPARE=on), and under the hand-written recipe
+("recipe").
 One client sends REQUESTS (default 2000) sequential requests of each kind
 (plain; fresh and replayed behind each mode and under the recipe) of each
 framework named (default both) and prints the median and 90th percentile,
@@ -24,7 +26,10 @@ the mode's: above 1.0x, the middleware is faster). The kinds take turns,
 100 requests at a time after 20 untimed, so that other load on the machine
 weighs on each alike. Round trips are counted apart, in process, from the
 libpq trace of a one-connection pool (the trace slows requests, so it is
-off while timing).
+off while timing), and then the CPU per request of CPU_REQUESTS more: this
+process's (the app's, with the test client's) and the database session's
+(/proc), which load on the machine does not inflate as it does latencies.
+REQUESTS 0: in process only.
 """
 
 import asyncio
@@ -53,8 +58,12 @@ import recipe  # noqa: E402  (beside this file)
 
 BODY = json.dumps({"amount": 10}).encode()
 # The server kinds: what stands before the route.
-GUARDS = {"guarded": "two transactions", "one": "one transaction", "recipe": "hand-written recipe"}
+GUARDS = {"guarded": "two transactions", "one": "one transaction",
+          "guarded+prepare": "two tx, prepare", "one+prepare": "one tx, prepare",
+          "recipe": "hand-written recipe"}
+MODES = [guard for guard in GUARDS if guard != "recipe"]   # the middleware's
 WARMUP = 20     # requests before each batch that are not timed
+CPU_REQUESTS = 1000   # in process, of each kind, for the CPU per request
 BATCH = 100
 
 
@@ -96,7 +105,8 @@ def recipe_app(pool):
 
 def asgi_app(pool, guard):
     """A FastAPI payment route like the example's view: behind the ASGI
-    middleware (guard "guarded" or "one": its one-transaction mode), under
+    middleware (guard one of MODES: "one" its one-transaction mode,
+    "+prepare" its prepare option), under
     the hand-written recipe ("recipe"), or on a pooled connection committed
     when it returns ("plain")."""
     from fastapi import FastAPI, Request
@@ -104,9 +114,10 @@ def asgi_app(pool, guard):
     from pg_idempotency.asgi import IdempotencyMiddleware
 
     app = FastAPI()
-    guarded = guard in ("guarded", "one")
+    guarded = guard in MODES
     if guarded:
-        app.add_middleware(IdempotencyMiddleware, pool=pool, one_transaction=guard == "one")
+        app.add_middleware(IdempotencyMiddleware, pool=pool, one_transaction=guard.startswith("one"),
+                           prepare=guard.endswith("+prepare"))
 
     async def charge(db, request):
         """Inserts the charge; returns the 201 answer."""
@@ -134,8 +145,9 @@ def serve(mode, port):
     """Serves one app (flask-KIND or asgi-KIND, KIND plain or one of GUARDS)
     on 127.0.0.1:port until killed."""
     framework, kind = mode.split("-")
-    # The example app reads it when imported: on for "one" only, whatever the caller's environment says.
-    os.environ["IDEMPOTENCY_ONE_TRANSACTION"] = "on" if kind == "one" else "off"
+    # The example app reads them when imported, whatever the caller's environment says.
+    os.environ["IDEMPOTENCY_ONE_TRANSACTION"] = "on" if kind.startswith("one") else "off"
+    os.environ["IDEMPOTENCY_PREPARE"] = "on" if kind.endswith("+prepare") else "off"
     if framework == "asgi":
         import uvicorn
         pool = AsyncConnectionPool(os.environ["DATABASE_URL"], min_size=2, max_size=10, open=False)
@@ -175,8 +187,8 @@ def start(mode):
     raise RuntimeError(f"the {mode} server did not start")
 
 
-def timings(port, count, keys):
-    """Sends count payments with keys from keys() (None: no key); returns the latencies in µs."""
+def timings(kind, port, count, keys):
+    """Sends count payments of kind with keys from keys() (None: no key); returns the latencies in µs."""
     conn = http.client.HTTPConnection("127.0.0.1", port)
     latencies = []
     for i in range(count + WARMUP):
@@ -187,20 +199,39 @@ def timings(port, count, keys):
         began = time.perf_counter()
         conn.request("POST", "/payments", BODY, headers)
         response = conn.getresponse()
-        response.read()
+        body = response.read()
         elapsed = time.perf_counter() - began
-        assert response.status == 201, response.status
+        assert response.status == 201, f"{kind}: {response.status} {body!r}"
         if i >= WARMUP:
             latencies.append(elapsed * 1e6)
     return latencies
 
 
+def backend_cpu(pool_conn):
+    """CPU seconds used so far by the server process of a connection (its
+    /proc entry: the server runs on this machine); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pool_conn.info.backend_pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_request(app_cpu, db_cpu, app_before, db_before, count):
+    """(this process's, the server process's) CPU µs per request since the befores."""
+    db = None if db_before is None else (db_cpu - db_before) / count * 1e6
+    return (app_cpu - app_before) / count * 1e6, db
+
+
 def round_trips(pool, send, count=50):
     """Returns the round trips per request of send(): ReadyForQuery messages
     in the libpq trace of the pool's one connection, after 10 untraced (a
-    replayed key is then stored, and the statements prepared)."""
+    replayed key is then stored, and the statements prepared); and the CPU
+    per request of CPU_REQUESTS more (per_request)."""
     for _ in range(10):
-        assert send().status_code == 201
+        response = send()
+        assert response.status_code == 201, f"flask: {response.status_code} {response.text}"
     with tempfile.TemporaryFile("w+") as trace:
         with pool.connection() as conn:
             conn.pgconn.trace(trace.fileno())
@@ -209,7 +240,13 @@ def round_trips(pool, send, count=50):
         with pool.connection() as conn:
             conn.pgconn.untrace()
         trace.seek(0)
-        return sum("\tReadyForQuery\t" in line for line in trace) / count
+        trips = sum("\tReadyForQuery\t" in line for line in trace) / count
+    with pool.connection() as conn:
+        app_before, db_before = time.process_time(), backend_cpu(conn)
+    for _ in range(CPU_REQUESTS):
+        send()
+    with pool.connection() as conn:
+        return (trips, *per_request(time.process_time(), backend_cpu(conn), app_before, db_before, CPU_REQUESTS))
 
 
 def count_round_trips():
@@ -222,10 +259,11 @@ def count_round_trips():
     counts = {}
     with ConnectionPool(url, min_size=1, max_size=1, kwargs={"row_factory": namedtuple_row}) as pool:
         apps = {"plain": plain_app(pool), "recipe": recipe_app(pool)}
-        for guard in ("guarded", "one"):
+        for guard in MODES:
             apps[guard] = Flask(guard)
             apps[guard].add_url_rule("/payments", view_func=example.create_payment, methods=["POST"])
-            Idempotency(apps[guard], pool=pool, one_transaction=guard == "one")
+            Idempotency(apps[guard], pool=pool, one_transaction=guard.startswith("one"),
+                        prepare=guard.endswith("+prepare"))
         for guard, app in apps.items():
             client = app.test_client()
             for work, key in kinds_of(guard, "traced"):
@@ -257,7 +295,7 @@ async def asgi_round_trips(url, headers):
                     key_header = {"Idempotency-Key": key()} if key else {}
                     response = await client.post("/payments", content=BODY,
                                                  headers={**headers, **key_header})
-                    assert response.status_code == 201
+                    assert response.status_code == 201, f"asgi: {response.status_code} {response.text}"
                 for _ in range(10):
                     await send()
                 with tempfile.TemporaryFile("w+") as trace:
@@ -268,7 +306,14 @@ async def asgi_round_trips(url, headers):
                     async with pool.connection() as conn:
                         conn.pgconn.untrace()
                     trace.seek(0)
-                    return sum("\tReadyForQuery\t" in line for line in trace) / 50
+                    trips = sum("\tReadyForQuery\t" in line for line in trace) / 50
+                async with pool.connection() as conn:
+                    app_before, db_before = time.process_time(), backend_cpu(conn)
+                for _ in range(CPU_REQUESTS):
+                    await send()
+                async with pool.connection() as conn:
+                    return (trips, *per_request(time.process_time(), backend_cpu(conn), app_before, db_before,
+                                                CPU_REQUESTS))
         counts = {}
         for guard in ("plain", *GUARDS):
             app = asgi_app(pool, guard)
@@ -289,6 +334,43 @@ def main():
                             created_at timestamptz NOT NULL DEFAULT now())""")
         conn.execute(recipe.TABLE)
     trips = count_round_trips()
+    results = over_http(count, frameworks) if count else {}
+    print(f"{count // BATCH * BATCH} sequential requests of each kind over HTTP, latency in µs; in process,"
+          f" round trips and the CPU µs per request of {CPU_REQUESTS} more, of the app (this process,"
+          " the test client included) and of its database session (guarded: two transactions;"
+          " one: one transaction; recipe: hand-written):")
+    print(f"{'request':<30}{'median':>8}{'p90':>8}{'round trips':>13}{'app CPU':>9}{'db CPU':>8}")
+    medians = {}
+    for kind in trips:
+        if kind.split()[0] not in frameworks:
+            continue
+        lat = results.get(kind)
+        medians[kind] = statistics.median(lat) if lat else None
+        p90 = f"{statistics.quantiles(lat, n=10)[-1]:8.0f}" if lat else f"{'':8}"
+        trip, app_cpu, db_cpu = trips[kind]
+        db = "n/a" if db_cpu is None else f"{db_cpu:.0f}"
+        median = f"{medians[kind]:8.0f}" if lat else f"{'':8}"
+        print(f"{kind:<30}{median}{p90}{trip:13.1f}{app_cpu:9.0f}{db:>8}")
+    print("\nours ÷ hand-written (the recipe's over ours; above 1.0x ours is faster): median latency"
+          " over HTTP; CPU per request in process, app and database together:")
+    print(f"{'mode':<24}{'fresh':>8}{'replay':>8}{'CPU fresh':>11}{'CPU replay':>11}")
+    for framework in frameworks:
+        for guard in MODES:
+            kinds = [(f"{framework} recipe {work}", f"{framework} {guard} {work}") for work in ("fresh", "replay")]
+            latency = "".join(f"{medians[r] / medians[o]:7.2f}x" if results else f"{'':8}" for r, o in kinds)
+            cpu = "".join(f"{cpu_of(trips[r]) / cpu_of(trips[o]):10.2f}x" for r, o in kinds)
+            print(f"{framework + ', ' + GUARDS[guard]:<24}{latency}{cpu}")
+
+
+def cpu_of(counted):
+    """The app's and the database's CPU per request together (the app's alone where the other is unknown)."""
+    _trips, app_cpu, db_cpu = counted
+    return app_cpu + (db_cpu or 0)
+
+
+def over_http(count, frameworks):
+    """Latencies in µs of count requests of each kind, each framework's
+    servers in processes of their own, the kinds taking turns."""
     servers, kinds = [], {}
     run = uuid.uuid4().hex  # replayed keys of this run only
     try:
@@ -303,26 +385,12 @@ def main():
         # weighs on every kind alike.
         for _ in range(max(1, count // BATCH)):
             for kind, (port, keys) in kinds.items():
-                results[kind] += timings(port, BATCH, keys)
+                results[kind] += timings(kind, port, BATCH, keys)
     finally:
         for process in servers:
             process.kill()
             process.wait()
-    print(f"{count // BATCH * BATCH} sequential requests of each kind, latency in µs"
-          " (guarded: two transactions; one: one transaction; recipe: hand-written):")
-    print(f"{'request':<20}{'median':>8}{'p90':>8}{'round trips':>13}")
-    medians = {}
-    for kind, lat in results.items():
-        medians[kind] = statistics.median(lat)
-        p90 = statistics.quantiles(lat, n=10)[-1]
-        print(f"{kind:<20}{medians[kind]:8.0f}{p90:8.0f}{trips[kind]:13.1f}")
-    print("\nours ÷ hand-written (the recipe's median over ours; above 1.0x ours is faster):")
-    print(f"{'mode':<24}{'fresh':>8}{'replay':>8}")
-    for framework in frameworks:
-        for guard in ("guarded", "one"):
-            ratios = [medians[f"{framework} recipe {work}"] / medians[f"{framework} {guard} {work}"]
-                      for work in ("fresh", "replay")]
-            print(f"{framework + ', ' + GUARDS[guard]:<24}" + "".join(f"{r:7.2f}x" for r in ratios))
+    return results
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ POST /payments {"amount": N, "delay_ms": D, "fail": true, "raise": true,
 "status": S, "after_ms": A} inserts a charge and answers 201 {"charge": id}
 (500 with fail, an exception with raise, S with status; after_ms: sleeps
 after the charge). POST /headers answers 200 with headers that may or
-may not be stored. GET and PUT /db tell whether the handler got a connection.
+may not be stored. GET and PUT /db tell whether the handler got a connection;
+POST /prepared lists the statements prepared on it.
 """
 
 import asyncio
@@ -24,6 +25,9 @@ from werkzeug.serving import make_server
 from pg_idempotency.asgi import IdempotencyMiddleware
 from pg_idempotency.flask import Idempotency
 
+# The statements prepared on a connection (POST /prepared).
+PREPARED = """SELECT pg_catalog.json_build_object('statement', statement, 'prepared', prepare_time)
+                FROM pg_catalog.pg_prepared_statements"""
 EXTRA_HEADERS = {"Location": "/payments/7", "Set-Cookie": "session=secret",
                  "X-Request-Id": "r-1"}
 
@@ -57,6 +61,11 @@ def flask_app(pool, **options):
     def db():
         """Tells whether a connection was given."""
         return {"db": g.get("db") is not None}
+
+    @app.post("/prepared")
+    def prepared():
+        """Lists the statements prepared on the request's connection."""
+        return {"statements": [row[0] for row in g.db.execute(PREPARED, prepare=False)]}
 
     return app
 
@@ -108,6 +117,11 @@ def asgi_app(pool, inner=(), outer=(), **options):
     async def db(request: Request):
         """Tells whether a connection was given."""
         return {"db": getattr(request.state, "db", None) is not None}
+
+    @app.post("/prepared")
+    async def prepared(db=Depends(transaction)):
+        """Lists the statements prepared on the request's connection."""
+        return {"statements": [row[0] for row in await (await db.execute(PREPARED, prepare=False)).fetchall()]}
 
     return app
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from conftest import DATABASE_URL
 from helpers import value
@@ -210,3 +210,18 @@ def test_the_async_client_joins_and_commits_a_transaction(admin):
                 await conn.rollback()
     asyncio.run(scenario())
     assert value(admin, "SELECT array_agg(amount)::text FROM charges") == "{1}"
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_prepare_sends_the_calls_as_statements_prepared_once_per_connection(admin, prepare):
+    with ConnectionPool(DATABASE_URL, min_size=1, max_size=1) as one:
+        client = Client(one, prepare=prepare)
+        for n in range(3):
+            claim = client.claim(f"p{n}", FP)
+            assert client.complete(f"p{n}", claim.fence, 201, b"x") == "stored"
+        assert client.claim("p0", FP).outcome == "replay"
+        with one.connection() as conn:
+            statements = [row[0] for row in conn.execute(
+                "SELECT statement FROM pg_catalog.pg_prepared_statements", prepare=False)]
+    assert len(statements) == (2 if prepare else 0)
+    assert all("idempotency.claim(" in s or "idempotency.complete(" in s for s in statements)

@@ -477,3 +477,9 @@ def test_standard_webhooks_as_the_key_source(admin, mode):
     assert_problem(forged, 401, "webhook_unverified")
     assert admin.execute("SELECT scope, key FROM idempotency.keys").fetchall() == [("webhook:acme", "msg_d1")]
     assert value(admin, "SELECT count(*) FROM charges") == 1
+
+
+def test_prepare_is_refused_its_statements_follow_djangos_options():
+    from pg_idempotency.django import IdempotencyMiddleware
+    with override_settings(IDEMPOTENCY={"prepare": True}), pytest.raises(ValueError, match="OPTIONS"):
+        IdempotencyMiddleware(lambda request: HttpResponse())

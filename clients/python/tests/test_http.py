@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -369,3 +369,25 @@ def test_one_transaction_needs_a_positive_wait():
     assert Options(one_transaction=True, wait=timedelta(milliseconds=500)).wait == timedelta(milliseconds=500)
     assert Options(one_transaction=True).wait == "2 seconds"
     assert Options().wait is None
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_the_prepare_option_prepares_the_calls_once_per_connection(serve, admin, prepare):
+    # One connection: what is prepared on it is the middleware's (and the
+    # handler's INSERT, after psycopg's fifth use).
+    client = serve(prepare=prepare, pool_options={"min_size": 1, "max_size": 1})
+    assert pay(client, "prep-1").status_code == 201
+    before = value(admin, "SELECT clock_timestamp()")
+    # Replays roll back (psycopg's rollback() would forget what it
+    # prepared), then fresh keys: no call is prepared again.
+    for key in ("prep-1", "prep-1", "prep-2", "prep-2", "prep-3", "prep-4"):
+        assert pay(client, key).status_code == 201
+    listed = pay(client, "prep-list", path="/prepared")
+    assert listed.status_code == 200
+    ours = [s for s in listed.json()["statements"] if "idempotency." in s["statement"]]
+    calls = sorted(name for name in ("claim", "complete") if any(f"idempotency.{name}(" in s["statement"] for s in ours))
+    assert calls == (["claim", "complete"] if prepare else [])
+    assert len(ours) == len(calls)
+    assert all(datetime.fromisoformat(s["prepared"]) < before for s in ours)
+    assert pay(client, "prep-1").headers["idempotent-replayed"] == "true"
+    assert value(admin, "SELECT count(*) FROM charges") == 4

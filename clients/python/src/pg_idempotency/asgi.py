@@ -30,7 +30,8 @@ class IdempotencyMiddleware:
         self.app = app
         self.pool = pool
         self.options = contract.Options(**options)
-        self.client = AsyncClient(pool, tracer_provider=self.options.tracer_provider)
+        self.client = AsyncClient(pool, tracer_provider=self.options.tracer_provider,
+                                  prepare=self.options.prepare)
 
     async def __call__(self, scope, receive, send):
         """Serves one ASGI connection: covered HTTP requests are guarded."""
@@ -45,7 +46,7 @@ class IdempotencyMiddleware:
         if refusal:
             await _send(send, refusal)
             return
-        held = flow.AsyncHeld(self.pool)
+        held = flow.AsyncHeld(self.pool, self.client.prepare)
         try:
             answer = await self._serve(held, key, key_scope, scope, body, receive)
             if answer is not None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 from contextlib import AsyncExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Optional, Union
+from typing import Any, Optional, Tuple, Union
 from uuid import UUID
 
 import psycopg
+from psycopg import AsyncClientCursor, ClientCursor
 from psycopg.pq import TransactionStatus
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
@@ -117,14 +118,46 @@ def _idle(conn) -> bool:
     return conn.info.transaction_status == TransactionStatus.IDLE
 
 
+def _around(conn, commit: bool, begin: bool) -> Optional[Tuple[tuple, tuple]]:
+    """The statements sent with a call in its round trip, before it and
+    after it; None when it goes alone. With commit: COMMIT after it. With
+    begin, on an idle connection in autocommit: BEGIN before it (it runs
+    in that transaction) or, with commit too, BEGIN, it, COMMIT, BEGIN (it
+    commits in a transaction of its own, then the next opens: without the
+    first BEGIN, statements sent together would share one implicit
+    transaction, which the last BEGIN would take over, and it would not
+    commit). With begin and commit in a transaction (autocommit on): it,
+    COMMIT, BEGIN (a checkpoint between two phases)."""
+    if begin and conn.autocommit and _idle(conn):
+        return ("BEGIN",), (("COMMIT", "BEGIN") if commit else ())
+    if begin and commit and conn.autocommit:
+        return (), ("COMMIT", "BEGIN")
+    if commit and not _idle(conn):
+        return (), ("COMMIT",)
+    return None
+
+
+def _prepares(prepare: bool, conn) -> bool:
+    """True when the calls go as prepared statements on conn: the prepare
+    option, unless psycopg's prepared statements are off on conn
+    (prepare_threshold None). Never by default: behind pgbouncer in
+    transaction mode (before 1.21) the next transaction may run on a
+    server connection without the statement."""
+    return prepare and conn.prepare_threshold is not None
+
+
 class Client:
     """The extension's functions on a psycopg_pool.ConnectionPool (blocking)."""
 
-    def __init__(self, pool, *, tracer_provider=None):
+    def __init__(self, pool, *, tracer_provider=None, prepare: bool = False):
         """pool: a psycopg_pool.ConnectionPool on a database with the
-        extension; tracer_provider: OpenTelemetry's (None: the global one)."""
+        extension; tracer_provider: OpenTelemetry's (None: the global one);
+        prepare: send the functions' calls as statements prepared once per
+        connection (psycopg's prepare=True), not parsed and planned at every
+        call; off, they work through any pooler."""
         self.pool = pool
         self.telemetry = Telemetry(tracer_provider)
+        self.prepare = prepare
 
     def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
               lease: Interval = None, retention: Interval = None, wait: Interval = None,
@@ -204,57 +237,52 @@ class Client:
                 raise ClaimLost(str(err)) from err
             raise
 
-    @staticmethod
-    def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
-        """Executes sql; with commit, commits conn's transaction in the same
-        round trip; with begin, on an idle connection in autocommit, opens a
-        transaction in the same round trip: sql runs in it, or, with commit,
-        commits first in a transaction of its own (BEGIN, sql, COMMIT, BEGIN:
-        without the first BEGIN, statements sent together before a Sync
-        would share one implicit transaction that the last BEGIN takes
-        over, and sql would not commit); with begin and commit in a
-        transaction (autocommit on), commits it with sql and opens the next in
-        the same round trip (a checkpoint between two phases). Never as a
-        prepared statement: behind pgbouncer in transaction mode the next
-        transaction may run on a server connection without it."""
+    def _execute(self, conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
+        """Executes sql, with the statements _around says in the same round
+        trip; alone, on an idle connection out of autocommit, with commit, it
+        commits by itself (no BEGIN, no COMMIT)."""
+        around = _around(conn, commit, begin)
+        if around is not None:
+            return self._together(conn, *around, sql, params, row_factory)
         cur = conn.cursor(row_factory=row_factory)
-        if begin and conn.autocommit and _idle(conn):
-            with _pipeline(conn):
-                conn.execute("BEGIN", prepare=False)
-                cur.execute(sql, params, prepare=False)
-                if commit:
-                    conn.execute("COMMIT", prepare=False)
-                    conn.execute("BEGIN", prepare=False)
+        if not (commit and _idle(conn) and not conn.autocommit):
+            return cur.execute(sql, params, prepare=self.prepare).fetchone()
+        conn.autocommit = True
+        try:
+            return cur.execute(sql, params, prepare=self.prepare).fetchone()
+        finally:
+            conn.autocommit = False
+
+    def _together(self, conn, before: tuple, after: tuple, sql: str, params: tuple, row_factory):
+        """Sends the statements before, sql and the statements after in one
+        round trip; returns sql's row. As one query text, the parameters
+        bound into it (ClientCursor): the least work for psycopg and the
+        server; or, with prepare, in a pipeline (where libpq has one), sql a
+        statement prepared once per connection."""
+        if not _prepares(self.prepare, conn):
+            cur = ClientCursor(conn, row_factory=row_factory)
+            cur.execute("; ".join((*before, sql, *after)), params)
+            for _ in before:
+                cur.nextset()
             return cur.fetchone()
-        if begin and commit and conn.autocommit:
-            with _pipeline(conn):
-                cur.execute(sql, params, prepare=False)
-                conn.execute("COMMIT", prepare=False)
-                conn.execute("BEGIN", prepare=False)
-            return cur.fetchone()
-        if not commit or (conn.autocommit and _idle(conn)):
-            return cur.execute(sql, params, prepare=False).fetchone()
-        if _idle(conn):
-            # A statement alone commits by itself: no BEGIN, no COMMIT.
-            conn.autocommit = True
-            try:
-                return cur.execute(sql, params, prepare=False).fetchone()
-            finally:
-                conn.autocommit = False
+        cur = conn.cursor(row_factory=row_factory)
         with _pipeline(conn):
-            cur.execute(sql, params, prepare=False)
-            conn.execute("COMMIT", prepare=False)
+            for statement in before:
+                conn.execute(statement, prepare=False)
+            cur.execute(sql, params, prepare=True)
+            for statement in after:
+                conn.execute(statement, prepare=False)
         return cur.fetchone()
 
 
 class AsyncClient:
     """The same functions on a psycopg_pool.AsyncConnectionPool (asyncio)."""
 
-    def __init__(self, pool, *, tracer_provider=None):
-        """pool: a psycopg_pool.AsyncConnectionPool on a database with the
-        extension; tracer_provider: OpenTelemetry's (None: the global one)."""
+    def __init__(self, pool, *, tracer_provider=None, prepare: bool = False):
+        """As Client, on a psycopg_pool.AsyncConnectionPool."""
         self.pool = pool
         self.telemetry = Telemetry(tracer_provider)
+        self.prepare = prepare
 
     async def claim(self, key: str, fingerprint: bytes, *, scope: Optional[str] = None,
                     lease: Interval = None, retention: Interval = None, wait: Interval = None,
@@ -327,33 +355,34 @@ class AsyncClient:
                 raise ClaimLost(str(err)) from err
             raise
 
-    @staticmethod
-    async def _execute(conn, commit: bool, sql: str, params: tuple, row_factory, begin: bool = False):
+    async def _execute(self, conn, commit: bool, sql: str, params: tuple, row_factory,
+                       begin: bool = False):
         """As Client._execute."""
+        around = _around(conn, commit, begin)
+        if around is not None:
+            return await self._together(conn, *around, sql, params, row_factory)
         cur = conn.cursor(row_factory=row_factory)
-        if begin and conn.autocommit and _idle(conn):
-            async with _async_pipeline(conn):
-                await conn.execute("BEGIN", prepare=False)
-                await cur.execute(sql, params, prepare=False)
-                if commit:
-                    await conn.execute("COMMIT", prepare=False)
-                    await conn.execute("BEGIN", prepare=False)
+        if not (commit and _idle(conn) and not conn.autocommit):
+            return await (await cur.execute(sql, params, prepare=self.prepare)).fetchone()
+        await conn.set_autocommit(True)
+        try:
+            return await (await cur.execute(sql, params, prepare=self.prepare)).fetchone()
+        finally:
+            await conn.set_autocommit(False)
+
+    async def _together(self, conn, before: tuple, after: tuple, sql: str, params: tuple, row_factory):
+        """As Client._together."""
+        if not _prepares(self.prepare, conn):
+            cur = AsyncClientCursor(conn, row_factory=row_factory)
+            await cur.execute("; ".join((*before, sql, *after)), params)
+            for _ in before:
+                cur.nextset()
             return await cur.fetchone()
-        if begin and commit and conn.autocommit:
-            async with _async_pipeline(conn):
-                await cur.execute(sql, params, prepare=False)
-                await conn.execute("COMMIT", prepare=False)
-                await conn.execute("BEGIN", prepare=False)
-            return await cur.fetchone()
-        if not commit or (conn.autocommit and _idle(conn)):
-            return await (await cur.execute(sql, params, prepare=False)).fetchone()
-        if _idle(conn):
-            await conn.set_autocommit(True)
-            try:
-                return await (await cur.execute(sql, params, prepare=False)).fetchone()
-            finally:
-                await conn.set_autocommit(False)
+        cur = conn.cursor(row_factory=row_factory)
         async with _async_pipeline(conn):
-            await cur.execute(sql, params, prepare=False)
-            await conn.execute("COMMIT", prepare=False)
+            for statement in before:
+                await conn.execute(statement, prepare=False)
+            await cur.execute(sql, params, prepare=True)
+            for statement in after:
+                await conn.execute(statement, prepare=False)
         return await cur.fetchone()

@@ -112,6 +112,7 @@ class Options:
     wait: Interval = None
     redact: Optional[Callable[[Stored], Stored]] = None
     source: Any = None   # a webhook source (pg_idempotency.webhooks): where the key and the scope come from
+    prepare: bool = False   # Flask, ASGI: the extension's calls as prepared statements (Client's prepare)
 
     def __post_init__(self):
         """Normalises the case of methods and header names; one transaction

@@ -84,6 +84,9 @@ class IdempotencyMiddleware:
             if isinstance(options.get(name), str):
                 options[name] = import_string(options[name])
         self.options = contract.Options(**options)
+        if self.options.prepare:
+            raise ValueError("prepare is not an option of the Django middleware: its statements follow "
+                             "the OPTIONS of DATABASES (server_side_binding, prepare_threshold)")
         self.calls = _DjangoClient(self.using, self.options.tracer_provider)
 
     def __call__(self, request):

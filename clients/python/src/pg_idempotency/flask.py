@@ -31,7 +31,8 @@ class Idempotency:
         """pool: a psycopg_pool.ConnectionPool; options: see contract.Options."""
         self.pool = pool
         self.options = contract.Options(**options)
-        self.client = Client(pool, tracer_provider=self.options.tracer_provider)
+        self.client = Client(pool, tracer_provider=self.options.tracer_provider,
+                             prepare=self.options.prepare)
         if app is not None:
             self.init_app(app)
 
@@ -104,7 +105,7 @@ class Idempotency:
         if conn is None:
             return
         try:
-            conn.rollback()
+            flow.roll_back(conn, self.client.prepare)
             conn.autocommit = g.pop("db_autocommit")
         except psycopg.Error:
             pass  # a broken connection: the pool discards it

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable, NamedTuple, Optional, Tuple
 import psycopg
 
 from . import contract
-from .client import Claim, ClaimLost
+from .client import Claim, ClaimLost, _idle
 
 
 class Errors(NamedTuple):
@@ -28,6 +28,33 @@ class Errors(NamedTuple):
 
 
 PSYCOPG = Errors(psycopg.Error, contract.answer_lost, lambda err: err.sqlstate)
+
+
+def roll_back(conn, keep_prepared: bool = False) -> None:
+    """Rolls back conn's transaction. keep_prepared (the prepare option):
+    with a ROLLBACK that psycopg's statement cache does not see, since
+    conn.rollback(), or a ROLLBACK it sees, empties that cache (DEALLOCATE
+    ALL, then every statement prepared again at its next use)."""
+    if not keep_prepared:
+        conn.rollback()
+    elif not _idle(conn):
+        threshold, conn.prepare_threshold = conn.prepare_threshold, None
+        try:
+            conn.execute("ROLLBACK", prepare=False)
+        finally:
+            conn.prepare_threshold = threshold
+
+
+async def aroll_back(conn, keep_prepared: bool = False) -> None:
+    """As roll_back, on an AsyncConnection."""
+    if not keep_prepared:
+        await conn.rollback()
+    elif not _idle(conn):
+        threshold, conn.prepare_threshold = conn.prepare_threshold, None
+        try:
+            await conn.execute("ROLLBACK", prepare=False)
+        finally:
+            conn.prepare_threshold = threshold
 
 
 def claim_answered(client, pending: contract.Pending, options: contract.Options,
@@ -96,7 +123,7 @@ def abandon(client, conn, pending: contract.Pending, options: contract.Options,
             failed: Optional[contract.Answer] = None) -> None:
     """Rolls the work's writes back and ends the claim (end_claim)."""
     try:
-        conn.rollback()
+        roll_back(conn, client.prepare)
     except psycopg.Error as err:
         conn = _broken(pending, err)
     end_claim(client, conn, pending, options, failed)
@@ -179,7 +206,7 @@ async def aabandon(client, conn, pending: contract.Pending, options: contract.Op
                    failed: Optional[contract.Answer] = None) -> None:
     """As abandon, on an AsyncClient."""
     try:
-        await conn.rollback()
+        await aroll_back(conn, client.prepare)
     except psycopg.Error as err:
         conn = _broken(pending, err)
     steps = _endings(pending, options, failed, PSYCOPG)
@@ -219,9 +246,10 @@ def _log_unreleased(pending: contract.Pending, err: BaseException) -> None:
 class Held:
     """A unit of work's connection, taken from the pool afresh when one broke."""
 
-    def __init__(self, pool):
-        """Holds nothing yet."""
+    def __init__(self, pool, keep_prepared: bool = False):
+        """Holds nothing yet; keep_prepared: see roll_back."""
         self.pool = pool
+        self.keep_prepared = keep_prepared
         self.conn = None
         self.autocommit = False
 
@@ -241,7 +269,7 @@ class Held:
         conn, self.conn = self.conn, None
         if conn is not None:
             try:
-                conn.rollback()
+                roll_back(conn, self.keep_prepared)
                 conn.autocommit = self.autocommit
             except psycopg.Error:
                 pass
@@ -251,9 +279,10 @@ class Held:
 class AsyncHeld:
     """As Held, on an AsyncConnectionPool."""
 
-    def __init__(self, pool):
-        """Holds nothing yet."""
+    def __init__(self, pool, keep_prepared: bool = False):
+        """Holds nothing yet; keep_prepared: see roll_back."""
         self.pool = pool
+        self.keep_prepared = keep_prepared
         self.conn = None
         self.autocommit = False
 
@@ -270,7 +299,7 @@ class AsyncHeld:
         conn, self.conn = self.conn, None
         if conn is not None:
             try:
-                await conn.rollback()
+                await aroll_back(conn, self.keep_prepared)
                 await conn.set_autocommit(self.autocommit)
             except psycopg.Error:
                 pass
