@@ -80,4 +80,23 @@ SELECT (2000000000000000000 + i)::text, :'hash', 'started'
 FROM generate_series(1, 100000) i;
 INSERT INTO plpgsql_keys SELECT * FROM idempotency_keys;
 
+-- The hand-written recipe the client packages' bench/overhead compare with
+-- (bench/RESULTS.md), and the route's table, for bench/instructions'
+-- middleware-ext and middleware-recipe.
+CREATE TABLE recipe_keys (
+	scope         text NOT NULL,
+	key           text NOT NULL,
+	request_hash  bytea NOT NULL,
+	status        text NOT NULL DEFAULT 'started',
+	response_code int,
+	response_body bytea,
+	created_at    timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (scope, key)
+);
+CREATE TABLE charges (
+	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	amount     numeric NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now()
+);
+
 VACUUM ANALYZE;
