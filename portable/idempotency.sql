@@ -1,5 +1,5 @@
 -- version: 1.6
-/* portable/idempotency.sql: the portable edition of idempotency, 1.5 (the C edition's 1.5 without Citus).
+/* portable/idempotency.sql: the portable edition of idempotency, 1.6 (the C edition's 1.6 without Citus).
  *
  * The API of the C extension in SQL and PL/pgSQL, for servers that load no
  * library of ours (managed PostgreSQL): the same names, signatures,
