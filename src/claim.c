@@ -283,8 +283,9 @@ claim_once(const ClaimArgs *a, IdemCall *call, long writer_timeout_ms, Timestamp
 					 errmsg("could not serialize access due to concurrent update")));
 		if (step == STEP_ANSWER)
 			return;
-		/* Beyond an answer read from the key index: owner.c. */
-		idem_call_restrict(call);
+		/* Beyond an answer read from the key index, or an insert that runs built-in code only: owner.c. */
+		if (step != STEP_INSERT)
+			idem_call_restrict(call);
 		if (step == STEP_RESUME)
 		{
 			TransactionId writer;

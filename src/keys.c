@@ -374,13 +374,16 @@ plan_for(PlanId id, const IdemKeysRel *rel)
 	return set->plans[id];
 }
 
-/* Runs a plan on the call's relation; returns rows processed. */
+/*
+ * Runs a plan on the call's relation, with the search_path restricted (the
+ * executor may run a DBA's code); returns rows processed.
+ */
 static uint64
-run_plan(PlanId id, const IdemCall *call, Datum *values, const char *nulls, bool read_only)
+run_plan(PlanId id, IdemCall *call, Datum *values, const char *nulls, bool read_only)
 {
 	int			rc;
 
-	Assert(call->owner_save.guc_nestlevel > 0);
+	idem_call_restrict(call);
 	if (!spi_connected)
 	{
 		if (SPI_connect() != SPI_OK_CONNECT)

@@ -25,7 +25,7 @@ typedef struct IdemWriteRel
 	bool		direct;			/* the direct write does what the executor would */
 } IdemWriteRel;
 
-extern void idem_write_rel_open(const IdemCall *call, IdemWriteRel *w);
+extern void idem_write_rel_open(IdemCall *call, IdemWriteRel *w);
 extern void idem_write_rel_close(IdemWriteRel *w);
 extern bool idem_insert_index_entries(IdemWriteRel *w, TupleTableSlot *slot, bool speculative,
 									  bool summarizing_only);

@@ -308,6 +308,8 @@ idem_keys_find_claim(IdemCall *call, Relation rel, Snapshot snapshot, text *key,
 	bool		found = false;
 
 	idem_key_index_open(call, rel, &ki);
+	if (!ki.builtin)
+		idem_call_restrict(call);
 	scan = idem_key_scan_begin(rel, &ki, snapshot, call, key);
 	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
 		found = DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE)) == fence &&

@@ -216,6 +216,7 @@ idem_rel_facts(const IdemCall *call, Relation rel)
 		f->scope_collation = described.scope.collation;
 		find_key_index(rel, f);
 		f->direct = -1;
+		f->direct_own_code = false;
 	}
 	if (memcmp(f->att, call->rel.att, sizeof(f->att)) != 0 ||
 		f->scope_type != call->rel.scope.type || f->scope_collation != call->rel.scope.collation)

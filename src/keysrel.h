@@ -30,8 +30,9 @@ typedef struct IdemKeyScan
 /*
  * The facts of a relation that holds records, decided once per relcache
  * build of it: its column numbers and scope type (as catalog.c described
- * them), the key index that claim's read scans (InvalidOid: none), and
- * whether the direct writes may be taken on it (-1: not decided yet).
+ * them), the key index that claim's read scans (InvalidOid: none),
+ * whether the direct writes may be taken on it (-1: not decided yet), and
+ * whether they run only built-in code and the extension's own (keysindex.c).
  */
 typedef struct IdemRelFacts
 {
@@ -43,6 +44,7 @@ typedef struct IdemRelFacts
 	IdemKeyScan key_scan;
 	IdemKeyScan scope_scan;
 	int			direct;
+	bool		direct_own_code;
 } IdemRelFacts;
 
 /*

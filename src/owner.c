@@ -27,7 +27,12 @@
  * and looks up no name, so a replay, a mismatch or an in_progress answer
  * needs no GUC nest level, whose save and restore (AtEOXact_GUC walks every
  * setting on PostgreSQL 15) cost a replay more than a tenth of its
- * instructions.  Everything else restricts the path first.
+ * instructions.  Nor do a fresh claim's insert and its complete's update
+ * on a table whose every index runs built-in code only (and the
+ * extension's own C function): keysindex.c decides it, once per relcache
+ * build.  Everything else restricts the path first: every SPI plan, the
+ * building of an index's expressions, a scope of another type than text,
+ * Citus.
  * Nothing else in the extension switches users but fence.c, to raise the
  * fence sequence as its owner.
  *-------------------------------------------------------------------------

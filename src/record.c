@@ -120,7 +120,8 @@ idempotency_complete(PG_FUNCTION_ARGS)
 	}
 	PreventCommandIfReadOnly("idempotency.complete()");
 
-	idem_call_begin(&call);
+	/* The search_path is restricted where the write may run code not built in (keysindex.c). */
+	idem_call_begin_read(&call);
 	idem_citus_locate(&call, "idempotency.complete()", scope, PG_ARGISNULL(5));
 	if (release)
 		owned = idem_keys_release(&call, key, fence);

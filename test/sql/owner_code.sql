@@ -32,6 +32,36 @@ SET search_path = idem_app_schema, pg_catalog;
 SELECT outcome FROM idempotency.claim('Owner-Code-1', '\x01', scope => 'owner');
 RESET search_path;
 RESET ROLE;
+
+-- once the index's expressions are cached (the SQL function above is
+-- inlined then): an expression index on what complete changes, through a
+-- PL/pgSQL function (never inlined), and a hash index with the DBA's
+-- operator class; both name lower() without a schema
+CREATE FUNCTION public.idem_norm_status(int) RETURNS text LANGUAGE plpgsql IMMUTABLE
+  AS 'BEGIN RETURN lower($1::text); END';
+CREATE INDEX keys_norm_status ON idempotency.keys (public.idem_norm_status(status_code));
+CREATE FUNCTION public.idem_hash_key(text) RETURNS int LANGUAGE sql IMMUTABLE
+  AS 'SELECT pg_catalog.hashtext(lower($1))';
+CREATE OPERATOR CLASS public.idem_key_hash_ops FOR TYPE text USING hash AS
+  OPERATOR 1 pg_catalog.= (text, text), FUNCTION 1 public.idem_hash_key(text);
+SET ROLE idem_app;
+SET search_path = idem_app_schema, pg_catalog;
+SELECT fence AS owner_fence FROM idempotency.claim('Owner-Code-3', '\x01', scope => 'owner') \gset
+-- complete's update evaluates the expression index on status_code: not with the planted lower()
+SELECT idempotency.complete('Owner-Code-3', :owner_fence, 201, scope => 'owner');
+RESET search_path;
+RESET ROLE;
+CREATE INDEX keys_hash_key ON idempotency.keys USING hash (key public.idem_key_hash_ops);
+SET ROLE idem_app;
+SET search_path = idem_app_schema, pg_catalog;
+SELECT outcome FROM idempotency.claim('Owner-Code-4', '\x01', scope => 'owner');
+-- the hash index's support function, on the next insert: not with the planted lower()
+SELECT outcome FROM idempotency.claim('Owner-Code-5', '\x01', scope => 'owner');
+RESET search_path;
+RESET ROLE;
+DROP INDEX idempotency.keys_norm_status, idempotency.keys_hash_key;
+DROP OPERATOR FAMILY public.idem_key_hash_ops USING hash;
+DROP FUNCTION public.idem_hash_key(text), public.idem_norm_status(int);
 SELECT count(*) AS indexed_by_pg_catalog_lower FROM idempotency.keys
 WHERE public.idem_norm_key(key) = 'owner-code-1';
 
