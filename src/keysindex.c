@@ -236,10 +236,16 @@ index_runs_own_code(Relation index, IndexInfo *info, Oid nsp)
 		!expr_runs_foreign_code((Node *) info->ii_Predicate, &nsp);
 }
 
-/* Tells whether a direct write on w's table, in the extension's schema nsp, runs only built-in code. */
+/*
+ * Tells whether a direct write on w's table, in the extension's schema nsp,
+ * runs only built-in code: a built-in table access method, and indexes
+ * that do (index_runs_own_code).
+ */
 static bool
 writes_run_own_code(const IdemWriteRel *w, Oid nsp)
 {
+	if (w->rel->rd_rel->relam >= FirstNormalObjectId)
+		return false;
 	for (int i = 0; i < w->nindexes; i++)
 		if (!index_runs_own_code(w->indexes[i], w->info[i], nsp))
 			return false;

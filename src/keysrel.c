@@ -257,7 +257,8 @@ idem_key_index_open(const IdemCall *call, Relation rel, IdemKeyIndex *out)
 	idem_require_key_index(call, f);
 	out->key = f->key_scan;
 	out->scope = f->scope_scan;
-	out->builtin = f->key_scan.builtin && f->scope_scan.builtin;
+	out->builtin = f->key_scan.builtin && f->scope_scan.builtin &&
+		rel->rd_rel->relam < FirstNormalObjectId;
 	out->index = index_open(f->key_index, RowExclusiveLock);
 }
 

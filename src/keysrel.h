@@ -49,7 +49,8 @@ typedef struct IdemRelFacts
 
 /*
  * The key index of a relation, open, and how to scan it; builtin: a scan of
- * it runs only PostgreSQL's built-in functions.
+ * it runs only PostgreSQL's built-in functions (its comparisons, and the
+ * relation's table access method).
  */
 typedef struct IdemKeyIndex
 {
