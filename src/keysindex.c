@@ -16,8 +16,8 @@
  * maintains them.
  *
  * A direct write on such a table runs code other than PostgreSQL's own
- * only through its indexes: an access method, an operator class or an
- * expression of a DBA's.  When every index runs built-in code only (and
+ * only through its access method and its indexes: an access method, an
+ * operator class or an expression of a DBA's.  When every index runs built-in code only (and
  * the extension's own C function, in the reaper's index), nothing the
  * write runs looks up a name, and it needs no restricted search_path
  * (owner.c): a fresh claim and its complete then skip the GUC nest level
@@ -171,9 +171,10 @@ writes_are_plain(const IdemWriteRel *w, const AttrNumber *att)
 }
 
 /*
- * Tells whether function funcid is neither built in nor a C function in
- * the extension's schema, whose OID is *context (only a superuser makes C
- * functions): code that could look up a name.
+ * Tells whether function funcid is neither one of PostgreSQL's internal
+ * functions nor a C function in the extension's schema, whose OID is
+ * *context (only a superuser makes either): code that could look up a
+ * name, as a SQL function's body does, built in or not.
  */
 static bool
 is_foreign_function(Oid funcid, void *context)
@@ -182,13 +183,12 @@ is_foreign_function(Oid funcid, void *context)
 	Form_pg_proc proc;
 	bool		ours;
 
-	if (funcid < FirstNormalObjectId)
-		return false;
 	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
 	if (!HeapTupleIsValid(tup))
 		return true;
 	proc = (Form_pg_proc) GETSTRUCT(tup);
-	ours = proc->pronamespace == *(Oid *) context && proc->prolang == ClanguageId;
+	ours = proc->prolang == INTERNALlanguageId ||
+		(proc->prolang == ClanguageId && proc->pronamespace == *(Oid *) context);
 	ReleaseSysCache(tup);
 	return !ours;
 }
