@@ -22,6 +22,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "executor/tuptable.h"
+#include "storage/bufmgr.h"
 #include "utils/acl.h"
 #include "utils/rel.h"
 #include "utils/rls.h"
@@ -293,28 +294,75 @@ idem_keys_writer(IdemCall *call, text *key)
 }
 
 
+/* Whether the record in slot is fence's claim, in progress, seen by the caller and live at now. */
+static bool
+is_claim_of(const IdemCall *call, TupleTableSlot *slot, int64 fence, TimestampTz now)
+{
+	return DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE)) == fence &&
+		DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) ==
+		idem_keys_catalog()->in_progress_label &&
+		is_live_for(call, slot, now);
+}
+
+/* Whether two texts have the same bytes. */
+static bool
+texts_identical(text *a, text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+/*
+ * Looks for fence's claim of (scope, key) at tid, where this backend
+ * inserted it, without a scan of the key index: it is there while no later
+ * write replaced that row version.  Only a text scope and a key identical
+ * to the row's, byte for byte, are accepted; anything else (a version
+ * updated since, a line reused, a key equal only under the index's
+ * collation) is left to the index scan, which decides as before.
+ */
+static bool
+fetch_claim_at(const IdemCall *call, Relation rel, Snapshot snapshot, ItemPointer tid,
+			   text *key, int64 fence, TimestampTz now, TupleTableSlot *slot)
+{
+	/* VACUUM may have truncated the page away in an earlier transaction. */
+	if (!call->rel.scope.is_text ||
+		ItemPointerGetBlockNumber(tid) >= RelationGetNumberOfBlocks(rel) ||
+		!table_tuple_fetch_row_version(rel, tid, snapshot, slot))
+		return false;
+	if (is_claim_of(call, slot, fence, now) &&
+		texts_identical(DatumGetTextPP(slot_col(call, slot, IDEM_COL_KEY)), key) &&
+		texts_identical(DatumGetTextPP(slot_col(call, slot, IDEM_COL_SCOPE)),
+						DatumGetTextPP(call->scope)))
+	{
+		ExecMaterializeSlot(slot);
+		return true;
+	}
+	ExecClearTuple(slot);
+	return false;
+}
+
 /*
  * Finds in rel, under snapshot, the in_progress record of (scope, key) that
  * fence owns, the caller sees and that has not expired at now; copies it into
  * slot.  An expired record counts as gone, as it does for claim and reap.
+ * hint, when not NULL, is where the claim's insert put it: looked at first.
  */
 bool
 idem_keys_find_claim(IdemCall *call, Relation rel, Snapshot snapshot, text *key,
-					 int64 fence, TimestampTz now, TupleTableSlot *slot)
+					 int64 fence, TimestampTz now, ItemPointer hint, TupleTableSlot *slot)
 {
-	const IdemKeysCatalog *c = idem_keys_catalog();
 	IdemKeyIndex ki;
 	IndexScanDesc scan;
 	bool		found = false;
 
+	if (hint && fetch_claim_at(call, rel, snapshot, hint, key, fence, now, slot))
+		return true;
 	idem_key_index_open(call, rel, &ki);
 	if (!ki.builtin)
 		idem_call_restrict(call);
 	scan = idem_key_scan_begin(rel, &ki, snapshot, call, key);
 	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
-		found = DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE)) == fence &&
-			DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) == c->in_progress_label &&
-			is_live_for(call, slot, now);
+		found = is_claim_of(call, slot, fence, now);
 	if (found)
 		ExecMaterializeSlot(slot);
 	index_endscan(scan);

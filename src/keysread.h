@@ -16,6 +16,7 @@ extern bool idem_keys_fetch(IdemCall *call, text *key, bytea *fingerprint,
 							TimestampTz now, IdemRecord *rec);
 extern TransactionId idem_keys_writer(IdemCall *call, text *key);
 extern bool idem_keys_find_claim(IdemCall *call, Relation rel, Snapshot snapshot, text *key,
-								 int64 fence, TimestampTz now, TupleTableSlot *slot);
+								 int64 fence, TimestampTz now, ItemPointer hint,
+								 TupleTableSlot *slot);
 
 #endif							/* IDEMPOTENCY_KEYSREAD_H */

@@ -17,10 +17,15 @@
  *   the same (scope, key, owner), committed or not) the tuple is killed and
  *   the claim reads again, after waiting for that transaction.  So a
  *   concurrent claim never gets a second `new`, exactly as with ON CONFLICT.
- * - the update finds the claim's row under a fresh snapshot (keysread.c's
- *   scan of the key index) and updates it with table_tuple_update, which
- *   waits for a concurrent writer of the row; if that writer changed it,
- *   READ COMMITTED reads the row again and re-checks the fence (as
+ * - the update finds the claim's row under a fresh snapshot and updates it
+ *   with table_tuple_update.  It looks first where this backend's latest
+ *   claim inserted the row, if that claim's fence is the one completing:
+ *   most completes follow their claim in the same backend, and the look
+ *   saves a descent of the key index; keysread.c accepts only the very row
+ *   version, visible and byte for byte of that scope, key and fence, and
+ *   otherwise scans the key index.  table_tuple_update waits for a
+ *   concurrent writer of the row; if that writer changed it, READ COMMITTED
+ *   reads the row again through the key index and re-checks the fence (as
  *   EvalPlanQual would), and REPEATABLE READ fails with 40001, as an UPDATE
  *   would.  From 1.6 it is a HOT update again where the page has room: no
  *   index reads a column it changes (1.3 to 1.5 had an index of the records
@@ -52,6 +57,17 @@
 #include "keysread.h"
 #include "keysrel.h"
 #include "keyswrite.h"
+
+/*
+ * Where this backend's latest new claim put its row: complete looks there
+ * before it scans the key index (keysread.c checks what it finds).
+ */
+static struct
+{
+	Oid			relid;
+	int64		fence;
+	ItemPointerData tid;
+}			last_insert;
 
 /*
  * Inserts a new claim of (scope, key) owned by the caller, with a new fence
@@ -113,10 +129,15 @@ idem_keys_insert(IdemCall *call, text *key, bytea *fingerprint, Interval *lease,
 	table_tuple_complete_speculative(w.rel, slot, spec_token, inserted);
 	SpeculativeInsertionLockRelease(GetCurrentTransactionId());
 
+	if (inserted)
+	{
+		last_insert.relid = RelationGetRelid(w.rel);
+		last_insert.fence = *fence;
+		last_insert.tid = slot->tts_tid;
+		idem_gauges_claimed(call->rel.relid, *fence, idem_interval_end(now, lease));
+	}
 	ExecDropSingleTupleTableSlot(slot);
 	idem_write_rel_close(&w);
-	if (inserted)
-		idem_gauges_claimed(call->rel.relid, *fence, idem_interval_end(now, lease));
 	/* Later reads of this transaction see the new record. */
 	CommandCounterIncrement();
 	return inserted;
@@ -140,6 +161,7 @@ idem_keys_complete(IdemCall *call, text *key, int64 fence, int32 status_code,
 	bool	   *nulls;
 	bool	   *replace;
 	bool		done = false;
+	ItemPointer hint = NULL;
 
 	idem_write_rel_open(call, &w);
 	if (!w.direct)
@@ -167,6 +189,8 @@ idem_keys_complete(IdemCall *call, text *key, int64 fence, int32 status_code,
 	if (IDEM_HAS_TOKEN(&call->rel))
 		SET_COL(IDEM_COL_TOKEN, (Datum) 0, true);
 #undef SET_COL
+	if (last_insert.relid == RelationGetRelid(w.rel) && last_insert.fence == fence)
+		hint = &last_insert.tid;
 
 	for (;;)
 	{
@@ -177,8 +201,12 @@ idem_keys_complete(IdemCall *call, text *key, int64 fence, int32 status_code,
 		TM_Result	result;
 		HeapTuple	old_tuple;
 		bool		should_free;
+		bool		found;
 
-		if (!idem_keys_find_claim(call, w.rel, snapshot, key, fence, now, old_slot))
+		found = idem_keys_find_claim(call, w.rel, snapshot, key, fence, now, hint, old_slot);
+		/* A retry after a concurrent update reads the key index. */
+		hint = NULL;
+		if (!found)
 		{
 			UnregisterSnapshot(snapshot);
 			break;
