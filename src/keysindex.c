@@ -17,14 +17,14 @@
  *
  * A direct write on such a table runs code other than PostgreSQL's own
  * only through its access method and its indexes: an access method, an
- * operator class or an expression of a DBA's.  When every index runs built-in code only (and
- * the extension's own C function, in the reaper's index), nothing the
- * write runs looks up a name, and it needs no restricted search_path
- * (owner.c): a fresh claim and its complete then skip the GUC nest level
- * that costs them more than a tenth of their instructions on PostgreSQL
- * 15.  Every other write restricts the search_path first, and so does
- * building an index's IndexInfo (its expressions are planned then, and a
- * SQL function in them inlined).
+ * operator class or an expression of a DBA's.  When every index runs
+ * built-in code only (and the extension's own C function, in the reaper's
+ * index), nothing the write runs looks up a name, and it needs no
+ * restricted search_path (owner.c): a fresh claim and its complete then
+ * skip the GUC nest level that costs them more than a tenth of their
+ * instructions on PostgreSQL 15.  Every other write restricts the
+ * search_path first, and so does building an index's IndexInfo (its
+ * expressions are planned then, and a SQL function in them inlined).
  *
  * Every key index (keysrel.c: unique on exactly key, scope and owner, in
  * any order) is an arbiter: the primary key, a unique constraint that

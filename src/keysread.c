@@ -98,6 +98,14 @@ is_live_for(const IdemCall *call, TupleTableSlot *slot, TimestampTz now)
 	return rank == 0 || rank == 1;
 }
 
+/* Whether two detoasted varlenas (text, bytea) hold the same bytes. */
+static bool
+same_bytes(const struct varlena *a, const struct varlena *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
 /*
  * Fills rec from the record in slot: the response too when claim will
  * replay it, the token, attempt and recovery point of an in-progress one
@@ -114,10 +122,7 @@ read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, Idem
 	rec->fence = DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE));
 	rec->completed = DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) ==
 		idem_keys_catalog()->completed_label;
-	rec->same_fingerprint =
-		VARSIZE_ANY_EXHDR(stored) == VARSIZE_ANY_EXHDR(fingerprint) &&
-		memcmp(VARDATA_ANY(stored), VARDATA_ANY(fingerprint),
-			   VARSIZE_ANY_EXHDR(stored)) == 0;
+	rec->same_fingerprint = same_bytes((struct varlena *) stored, (struct varlena *) fingerprint);
 	rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
 	rec->expires_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_EXPIRES_AT));
 	rec->created_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_CREATED_AT));
@@ -304,21 +309,15 @@ is_claim_of(const IdemCall *call, TupleTableSlot *slot, int64 fence, TimestampTz
 		is_live_for(call, slot, now);
 }
 
-/* Whether two texts have the same bytes. */
-static bool
-texts_identical(text *a, text *b)
-{
-	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
-		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
-}
-
 /*
  * Looks for fence's claim of (scope, key) at tid, where this backend
  * inserted it, without a scan of the key index: it is there while no later
  * write replaced that row version.  Only a text scope and a key identical
  * to the row's, byte for byte, are accepted; anything else (a version
  * updated since, a line reused, a key equal only under the index's
- * collation) is left to the index scan, which decides as before.
+ * collation) is left to the index scan, which decides as before.  Under
+ * SERIALIZABLE the fetch takes the row's predicate lock, as the scan's
+ * heap fetch does; complete's answer depends on that row alone.
  */
 static bool
 fetch_claim_at(const IdemCall *call, Relation rel, Snapshot snapshot, ItemPointer tid,
@@ -330,9 +329,10 @@ fetch_claim_at(const IdemCall *call, Relation rel, Snapshot snapshot, ItemPointe
 		!table_tuple_fetch_row_version(rel, tid, snapshot, slot))
 		return false;
 	if (is_claim_of(call, slot, fence, now) &&
-		texts_identical(DatumGetTextPP(slot_col(call, slot, IDEM_COL_KEY)), key) &&
-		texts_identical(DatumGetTextPP(slot_col(call, slot, IDEM_COL_SCOPE)),
-						DatumGetTextPP(call->scope)))
+		same_bytes((struct varlena *) DatumGetTextPP(slot_col(call, slot, IDEM_COL_KEY)),
+				   (struct varlena *) key) &&
+		same_bytes((struct varlena *) DatumGetTextPP(slot_col(call, slot, IDEM_COL_SCOPE)),
+				   (struct varlena *) DatumGetTextPP(call->scope)))
 	{
 		ExecMaterializeSlot(slot);
 		return true;
