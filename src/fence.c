@@ -59,6 +59,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_sequence.h"
 #include "commands/sequence.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -73,6 +74,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 
 #include "catalog.h"
 #include "compat.h"
@@ -229,19 +231,37 @@ find_block(Oid seq, bool *found)
 	return oldest;
 }
 
+/* Returns sequence seqrel's MAXVALUE. */
+static int64
+sequence_max(Relation seqrel)
+{
+	HeapTuple	tup = SearchSysCache1(SEQRELID, ObjectIdGetDatum(RelationGetRelid(seqrel)));
+	int64		max;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for sequence %u", RelationGetRelid(seqrel));
+	max = ((Form_pg_sequence) GETSTRUCT(tup))->seqmax;
+	ReleaseSysCache(tup);
+	return max;
+}
+
 /*
  * Draws a new block into b, starting at its sequence's nextval or at
  * at_least, whichever is larger, and advancing the sequence to its end.
+ * The block stops at a DBA's MAXVALUE, so that the claims below it get
+ * their fences and the one past it fails as nextval does; a first value
+ * above it is left to setval to refuse.
  */
 static void
 draw_block(FenceBlock *b, Relation seqrel, int64 at_least)
 {
 	int64		first = nextval_internal(RelationGetRelid(seqrel), false);
+	int64		max = sequence_max(seqrel);
 	int64		limit;
 	SeqPage		page;
 
 	first = Max(first, at_least);
-	limit = first > PG_INT64_MAX - (FENCE_BLOCK - 1) ? first : first + (FENCE_BLOCK - 1);
+	limit = first > max - (FENCE_BLOCK - 1) ? Max(first, max) : first + (FENCE_BLOCK - 1);
 	raise_sequence(seqrel, limit);
 	page = read_seq_page(seqrel);
 

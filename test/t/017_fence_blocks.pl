@@ -10,6 +10,8 @@
 #   new sequence's fences, never the rest of the old block.
 # - A DBA's setval takes effect at the next claim, up or down.
 # - Two databases: each its own block, from its own sequence.
+# - A DBA's MAXVALUE: a block stops at it, and past it a claim fails as
+#   nextval does.
 
 use strict;
 use warnings FATAL => 'all';
@@ -140,6 +142,23 @@ ok(increasing(@p, @p2), 'the first database\'s fences go on increasing');
 cmp_ok($p2[-1], '<=', seq_value('postgres'), 'within its own sequence');
 ok(increasing(@s), 'the second database\'s fences increase');
 cmp_ok($s[-1], '<=', seq_value('second'), 'within its own sequence, not the first database\'s block');
+
+# A DBA's MAXVALUE 10 above the sequence (a nextval first ends the block in
+# use): the block drawn next stops at it, so ten claims get the ten fences
+# below it, and the next claim fails with nextval's own error.
+my $drawn = $node->safe_psql('postgres', q{SELECT pg_catalog.nextval('idempotency.fence_seq')});
+my $top = $drawn + 10;
+$node->safe_psql('postgres', "ALTER SEQUENCE idempotency.fence_seq MAXVALUE $top");
+my @capped = claim_many('postgres', 'capped', 10);
+is(join(' ', @capped), join(' ', map { $drawn + $_ } 1 .. 10),
+	'under a MAXVALUE 10 above the sequence, ten claims get the ten fences up to it');
+my ($rc, $out, $err) = $node->psql('postgres',
+	q{SELECT fence FROM idempotency.claim('past-max', '\x01')});
+like($err, qr/reached maximum value of sequence "fence_seq" \($top\)/,
+	'the next claim fails as nextval does');
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM idempotency.keys WHERE key OPERATOR(pg_catalog.=) 'past-max'}),
+	'0', 'and writes nothing');
 
 $node->stop;
 done_testing();
