@@ -1,7 +1,9 @@
 -- middleware, extension: what a client's middleware sends for a fresh key in
 -- its one-transaction mode (the Rust layer's statements, bound): BEGIN with
 -- the claim of a caller's scope with a token, the route's INSERT, complete
--- with the response's headers, COMMIT.  For bench/instructions only.
+-- with the response's headers, COMMIT.  pgbench reads text, so the claim's
+-- columns are those of the layer's text queries (its prepared claim reads
+-- body and created_at as stored, in binary).  For bench/instructions only.
 \set seq :seq + 1
 \set key permute(:P * 1000000000000 + :client_id * 1000000000 + :seq, 1000000000000000000, 42)
 BEGIN;

@@ -11,8 +11,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
-use sqlx::postgres::PgRow;
-use sqlx::{Executor, Postgres, Row};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{PgRow, PgTypeInfo, PgValueFormat, PgValueRef};
+use sqlx::{Column, Executor, Postgres, Row, TypeInfo};
 use uuid::Uuid;
 
 use crate::Error;
@@ -49,12 +51,13 @@ pub(crate) fn claim_sql(key: &str, fingerprint: &[u8], options: &ClaimOptions) -
 }
 
 /// The claim with its arguments bound, for a statement SQLx prepares once per
-/// connection (the layer's `prepare`): the same columns as [`claim_sql`].
-static CLAIM_BOUND: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "SELECT {CLAIM_COLUMNS} FROM idempotency.claim($1::text, $2::bytea, $3::text, $4::interval, $5::interval, $6::interval, token => $7::uuid)"
-    )
-});
+/// connection (the layer's `prepare`): the columns of [`claim_sql`] in the
+/// same order, but the body and the creation time as stored, which such a
+/// statement answers in binary (no `bytea_output` to follow, and nothing for
+/// the server to convert: `bytes` and `time_at` read either form).
+const CLAIM_BOUND: &str = "SELECT outcome, fence, attempt, status_code, headers, body, recovery_point, recovery_state,
+        retry_after, created_at
+    FROM idempotency.claim($1::text, $2::bytea, $3::text, $4::interval, $5::interval, $6::interval, token => $7::uuid)";
 
 /// How to claim; every field left `None` takes the database's setting.
 #[derive(Clone, Debug, Default)]
@@ -173,7 +176,7 @@ where
 {
     let call = async {
         let row = if prepared {
-            sqlx::query(CLAIM_BOUND.as_str())
+            sqlx::query(CLAIM_BOUND)
                 .bind(key)
                 .bind(fingerprint)
                 .bind(options.scope.as_deref())
@@ -211,12 +214,12 @@ pub(crate) fn outcome_of(row: &PgRow, key: &str, options: &ClaimOptions) -> Resu
         }),
         "replay" => Outcome::Replay {
             response: stored_response(row, 3)?.unwrap_or_default(),
-            created_at: time(row.try_get(9)?),
+            created_at: time_at(row, 9)?,
         },
         "in_progress" => Outcome::InProgress {
             retry_after: row.try_get::<Option<i32>, _>(8)?.unwrap_or(1).max(1) as u32,
         },
-        _ => Outcome::Mismatch { created_at: time(row.try_get(9)?) },
+        _ => Outcome::Mismatch { created_at: time_at(row, 9)? },
     })
 }
 
@@ -375,6 +378,45 @@ fn time(micros: i64) -> SystemTime {
     if micros >= 0 { UNIX_EPOCH + magnitude } else { UNIX_EPOCH - magnitude }
 }
 
+/// Whether column `index` of `row` is of the built-in type named `name` (as SQLx spells it).
+fn column_is(row: &PgRow, index: usize, name: &str) -> bool {
+    row.columns().get(index).is_some_and(|column| column.type_info().name() == name)
+}
+
+/// A time column: a timestamptz as a prepared claim answers it, or the
+/// microseconds since the epoch that the text queries select.
+fn time_at(row: &PgRow, index: usize) -> Result<SystemTime, Error> {
+    if column_is(row, index, "TIMESTAMPTZ") {
+        return Ok(time(row.try_get::<UnixMicros, _>(index)?.0));
+    }
+    Ok(time(row.try_get(index)?))
+}
+
+/// A timestamptz read in binary, as microseconds since the Unix epoch
+/// (PostgreSQL sends them since 2000-01-01); no date crate needed.
+struct UnixMicros(i64);
+
+/// The microseconds from the Unix epoch to PostgreSQL's, 2000-01-01.
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+impl sqlx::Type<Postgres> for UnixMicros {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(1184))
+    }
+}
+
+impl<'r> sqlx::Decode<'r, Postgres> for UnixMicros {
+    fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
+        match value.format() {
+            PgValueFormat::Binary => {
+                let since_2000 = i64::from_be_bytes(value.as_bytes()?.try_into()?);
+                Ok(UnixMicros(since_2000.saturating_add(POSTGRES_EPOCH_MICROS)))
+            }
+            PgValueFormat::Text => Err("a timestamptz in text: select it as microseconds".into()),
+        }
+    }
+}
+
 /// The stored response in columns status_code, headers, body from `first`; None without a status.
 fn stored_response(row: &PgRow, first: usize) -> Result<Option<StoredResponse>, Error> {
     let status_code: Option<i32> = row.try_get(first)?;
@@ -387,8 +429,12 @@ fn stored_response(row: &PgRow, first: usize) -> Result<Option<StoredResponse>, 
     }))
 }
 
-/// The bytes of a column selected as `encode(..., 'hex')`.
+/// The bytes of a column: a bytea as a prepared claim answers it (binary),
+/// or text selected as `encode(..., 'hex')`.
 fn bytes(row: &PgRow, index: usize) -> Result<Option<Vec<u8>>, Error> {
+    if column_is(row, index, "BYTEA") {
+        return Ok(row.try_get(index)?);
+    }
     let hex: Option<&str> = row.try_get(index)?;
     hex.map(|hex| {
         sql::from_hex(hex).ok_or_else(|| Error::Database(sqlx::Error::Decode(format!("column {index} is not hex").into())))
@@ -423,4 +469,40 @@ fn headers_from_json(headers: &Value) -> Vec<(String, String)> {
         pairs.extend(values.into_iter().filter_map(Value::as_str).map(|v| (name.clone(), v.to_owned())));
     }
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::PgPool;
+
+    /// A replay and a mismatch read the same from a prepared claim (binary
+    /// columns) as from a text one: the body byte for byte, the creation
+    /// time to the microsecond.
+    #[tokio::test]
+    async fn a_prepared_claim_reads_what_a_text_claim_reads() {
+        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: a database with CREATE EXTENSION idempotency");
+        let pool = PgPool::connect(&url).await.unwrap();
+        let key = format!("prepared-read-{}", Uuid::new_v4());
+        let options = ClaimOptions::default();
+        let Outcome::New(owner) = claim(&pool, &key, b"first", &options).await.unwrap() else {
+            panic!("a fresh key is new");
+        };
+        let body = [0, 0xff, b'\\', b'x', 0x80];
+        owner.complete(&pool, 201, &[("content-type", "application/octet-stream")], &body).await.unwrap();
+        let created = lookup(&pool, &key, None).await.unwrap().expect("the record").created_at;
+        for prepared in [false, true] {
+            match claim_as(&pool, &key, b"first", &options, prepared).await.unwrap() {
+                Outcome::Replay { response, created_at } => {
+                    assert_eq!((response.status_code, &response.body[..]), (201, &body[..]), "prepared: {prepared}");
+                    assert_eq!(created_at, created, "prepared: {prepared}");
+                }
+                other => panic!("a replay, not {other:?}"),
+            }
+            match claim_as(&pool, &key, b"other", &options, prepared).await.unwrap() {
+                Outcome::Mismatch { created_at } => assert_eq!(created_at, created, "prepared: {prepared}"),
+                other => panic!("a mismatch, not {other:?}"),
+            }
+        }
+    }
 }
