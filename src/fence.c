@@ -61,6 +61,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_sequence.h"
 #include "commands/sequence.h"
+#include "common/int.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "replication/syncrep.h"
@@ -231,7 +232,11 @@ find_block(Oid seq, bool *found)
 	return oldest;
 }
 
-/* Returns sequence seqrel's MAXVALUE. */
+/*
+ * Returns sequence seqrel's MAXVALUE.  Called right after nextval_internal,
+ * which has just read the same pg_sequence entry: a cache hit, so no
+ * catalog lock is waited for under the fence LWLock.
+ */
 static int64
 sequence_max(Relation seqrel)
 {
@@ -257,11 +262,17 @@ draw_block(FenceBlock *b, Relation seqrel, int64 at_least)
 {
 	int64		first = nextval_internal(RelationGetRelid(seqrel), false);
 	int64		max = sequence_max(seqrel);
+	int64		room;
 	int64		limit;
 	SeqPage		page;
 
 	first = Max(first, at_least);
-	limit = first > max - (FENCE_BLOCK - 1) ? Max(first, max) : first + (FENCE_BLOCK - 1);
+	if (first >= max)
+		limit = first;
+	else if (pg_sub_s64_overflow(max, first, &room) || room >= FENCE_BLOCK - 1)
+		limit = first + (FENCE_BLOCK - 1);
+	else
+		limit = max;
 	raise_sequence(seqrel, limit);
 	page = read_seq_page(seqrel);
 

@@ -122,7 +122,7 @@ read_record(const IdemCall *call, TupleTableSlot *slot, bytea *fingerprint, Idem
 	rec->fence = DatumGetInt64(slot_col(call, slot, IDEM_COL_FENCE));
 	rec->completed = DatumGetObjectId(slot_col(call, slot, IDEM_COL_STATE)) ==
 		idem_keys_catalog()->completed_label;
-	rec->same_fingerprint = same_bytes((struct varlena *) stored, (struct varlena *) fingerprint);
+	rec->same_fingerprint = same_bytes(stored, fingerprint);
 	rec->lease_expires_at = isnull ? DT_NOBEGIN : DatumGetTimestampTz(lease_end);
 	rec->expires_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_EXPIRES_AT));
 	rec->created_at = DatumGetTimestampTz(slot_col(call, slot, IDEM_COL_CREATED_AT));
@@ -329,10 +329,9 @@ fetch_claim_at(const IdemCall *call, Relation rel, Snapshot snapshot, ItemPointe
 		!table_tuple_fetch_row_version(rel, tid, snapshot, slot))
 		return false;
 	if (is_claim_of(call, slot, fence, now) &&
-		same_bytes((struct varlena *) DatumGetTextPP(slot_col(call, slot, IDEM_COL_KEY)),
-				   (struct varlena *) key) &&
-		same_bytes((struct varlena *) DatumGetTextPP(slot_col(call, slot, IDEM_COL_SCOPE)),
-				   (struct varlena *) DatumGetTextPP(call->scope)))
+		same_bytes(DatumGetTextPP(slot_col(call, slot, IDEM_COL_KEY)), key) &&
+		same_bytes(DatumGetTextPP(slot_col(call, slot, IDEM_COL_SCOPE)),
+				   DatumGetTextPP(call->scope)))
 	{
 		ExecMaterializeSlot(slot);
 		return true;
